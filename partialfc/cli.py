@@ -1,0 +1,56 @@
+"""Command-line entry point: ``partialfc <command> ...``.
+
+Each command lives in its own module, which defines ``add_arguments(parser, command)`` and
+``run(args) -> int`` (``args.command`` holds the command name, so one module can serve several). Modules are imported only when their command runs, so ``partialfc --help``
+stays fast and a broken optional dependency only affects the command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> (module implementing it, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("partialfc.train.command", "train a backbone + margin/Partial FC head from a YAML config"),
+    "eval": ("partialfc.eval.command", "evaluate a checkpoint or exported model: JSON + Markdown report"),
+    "pack": ("partialfc.data.commands", "pack an image folder or list file into RecordIO .rec/.idx"),
+    "unpack": ("partialfc.data.commands", "unpack a RecordIO .rec/.idx into an image folder"),
+    "export": ("partialfc.deploy.commands", "export a trained backbone to ONNX + safetensors"),
+    "embed": ("partialfc.deploy.commands", "embed a folder of aligned faces or a .rec set"),
+    "verify": ("partialfc.deploy.commands", "score image pairs with a calibrated threshold"),
+    "search": ("partialfc.deploy.commands", "enroll into / search a persistent gallery"),
+    "invert": ("partialfc.tools.inversion", "synthesize an input from a trained model (model inversion)"),
+    "distill": ("partialfc.tools.distillation", "train a small student from a teacher checkpoint"),
+    "clean": ("partialfc.tools.cleaning", "sub-center cleaning of a noisy training set"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="partialfc", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = build_parser()
+        if argv and argv[0] not in ("-h", "--help"):
+            parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
+        parser.print_help()
+        return 0 if argv else 2
+    name = argv[0]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"partialfc {name}", description=COMMANDS[name][1])
+    module.add_arguments(parser, name)
+    args = parser.parse_args(argv[1:])
+    args.command = name
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,71 @@
+"""Data: RecordIO, image folders, list files, verification .bin pairs, .npz arrays, alignment,
+transforms, samplers and controlled corruption. Datasets yield (uint8 C×H×W RGB tensor, label)."""
 
+from partialfc.data.arrays import (
+    FaceSet,
+    OmniglotSet,
+    OneShotRun,
+    check_contiguous_labels,
+    load_lfw_gray,
+    load_omniglot,
+    load_omniglot_one_shot_runs,
+    load_orl,
+)
+from partialfc.data.datasets import (
+    ArrayDataset,
+    FileListDataset,
+    ImageFolderDataset,
+    ListFileDataset,
+    read_list_file,
+    scan_image_folder,
+)
+from partialfc.data.decode import decode_image, encode_image
+from partialfc.data.lfw import LfwImageArchive, VerificationPairs, read_lfw_pairs
+from partialfc.data.recordio import (
+    IRHeader,
+    RecordIODataset,
+    RecordIOError,
+    RecordIOReader,
+    RecordIOWriter,
+    pack_record,
+    unpack_record,
+)
+from partialfc.data.verification_bin import (
+    UnsafePickleError,
+    decode_images,
+    load_verification_bin,
+    write_verification_bin,
+)
+
+__all__ = [
+    "ArrayDataset",
+    "FaceSet",
+    "FileListDataset",
+    "IRHeader",
+    "ImageFolderDataset",
+    "LfwImageArchive",
+    "ListFileDataset",
+    "OmniglotSet",
+    "OneShotRun",
+    "RecordIODataset",
+    "RecordIOError",
+    "RecordIOReader",
+    "RecordIOWriter",
+    "UnsafePickleError",
+    "VerificationPairs",
+    "check_contiguous_labels",
+    "decode_image",
+    "decode_images",
+    "encode_image",
+    "load_lfw_gray",
+    "load_omniglot",
+    "load_omniglot_one_shot_runs",
+    "load_orl",
+    "load_verification_bin",
+    "pack_record",
+    "read_lfw_pairs",
+    "read_list_file",
+    "scan_image_folder",
+    "unpack_record",
+    "write_verification_bin",
+]

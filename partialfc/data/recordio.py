@@ -1,0 +1,429 @@
+"""MXNet RecordIO (``.rec`` + ``.idx``), read and written without mxnet.
+
+Framing (dmlc-core): each record starts with the magic ``0xced7230a`` (little-endian uint32)
+and a word ``lrec``: upper 3 bits ``cflag``, lower 29 bits payload length. The payload is
+zero-padded to a multiple of 4 bytes. ``cflag`` 0 is a whole record; a payload that contains
+the magic at a 4-aligned position is split there into parts with cflag 1 (first), 2 (middle),
+3 (last), the magic itself being dropped and re-inserted between parts on reading.
+
+``.idx``: text lines ``key\\toffset`` giving the byte offset of each record.
+
+Payload = IRHeader ``<IfQQ`` (flag uint32, label float32, id uint64, id2 uint64) + data; when
+``flag > 0`` a vector of ``flag`` float32 labels follows the header (the scalar label is 0).
+
+InsightFace training sets (MS1MV2/3, Glint360K, WebFace) add a header record, key 0, with
+``flag = 2`` and ``label = (first_identity_key, end_key)``: images are keys
+``1 .. first_identity_key-1`` (label = class id, as float), and keys ``first_identity_key ..
+end_key-1`` are one record per identity whose label is the image key range ``(start, end)``.
+Sets without that header record (plain im2rec output) use every key in the ``.idx`` as an image.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from partialfc.data.datasets import LabelledDataset, Transform
+from partialfc.data.decode import decode_image, to_chw_tensor
+
+MAGIC = 0xCED7230A
+_MAGIC_BYTES = struct.pack("<I", MAGIC)
+_LREC = struct.Struct("<II")
+_IRHEADER = struct.Struct("<IfQQ")
+_LENGTH_MASK = (1 << 29) - 1
+
+
+class RecordIOError(ValueError):
+    """A malformed ``.rec``/``.idx``; the message names the file, byte offset and record id."""
+
+
+@dataclass
+class IRHeader:
+    """Image record header. ``label`` is a float, or a float32 vector when ``flag > 0``."""
+
+    flag: int
+    label: float | np.ndarray
+    id: int
+    id2: int = 0
+
+
+def pack_record(header: IRHeader, data: bytes = b"") -> bytes:
+    """IRHeader (+ label vector) + data -> record payload (``mx.recordio.pack`` layout)."""
+    label = header.label
+    if np.ndim(label) == 0:
+        head = _IRHEADER.pack(int(header.flag), float(label), int(header.id), int(header.id2))
+        return head + data
+    vector = np.asarray(label, dtype="<f4").ravel()
+    head = _IRHEADER.pack(vector.size, 0.0, int(header.id), int(header.id2))
+    return head + vector.tobytes() + data
+
+
+def unpack_record(payload: bytes, source: str = "<record>") -> tuple[IRHeader, bytes]:
+    """Record payload -> (IRHeader, data); inverse of :func:`pack_record`."""
+    if len(payload) < _IRHEADER.size:
+        raise RecordIOError(f"{source}: payload of {len(payload)} bytes is shorter than IRHeader")
+    flag, label, id_, id2 = _IRHEADER.unpack_from(payload)
+    start = _IRHEADER.size
+    if flag > 0:
+        end = start + 4 * flag
+        if end > len(payload):
+            raise RecordIOError(f"{source}: label vector of {flag} floats exceeds the payload")
+        label = np.frombuffer(payload, dtype="<f4", count=flag, offset=start).copy()
+        start = end
+    return IRHeader(flag, label, id_, id2), payload[start:]
+
+
+def frame_record(payload: bytes) -> bytes:
+    """Payload -> framed bytes (magic, lrec, data, padding), splitting at embedded magics."""
+    if len(payload) >= 1 << 29:
+        raise ValueError(f"record of {len(payload)} bytes exceeds the 2^29-byte RecordIO limit")
+    parts = []
+    start = 0
+    aligned_end = len(payload) & ~3  # dmlc checks only whole aligned words
+    pos = payload.find(_MAGIC_BYTES)
+    while pos != -1 and pos + 4 <= aligned_end:
+        if pos % 4 == 0:
+            cflag = 1 if start == 0 else 2
+            parts.append(_LREC.pack(MAGIC, (cflag << 29) | (pos - start)) + payload[start:pos])
+            start = pos + 4
+            pos = payload.find(_MAGIC_BYTES, start)
+        else:
+            pos = payload.find(_MAGIC_BYTES, pos + 1)
+    cflag = 0 if start == 0 else 3
+    parts.append(_LREC.pack(MAGIC, (cflag << 29) | (len(payload) - start)) + payload[start:])
+    parts.append(b"\0" * (-len(payload) % 4))
+    return b"".join(parts)
+
+
+def read_index(idx_path: str | os.PathLike) -> dict[int, int]:
+    """``.idx`` file -> {record key: byte offset} (in file order)."""
+    idx_path = Path(idx_path)
+    index: dict[int, int] = {}
+    with open(idx_path) as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            fields = line.split()
+            try:
+                key, offset = int(fields[0]), int(fields[1])
+            except (ValueError, IndexError):
+                message = f"{idx_path}: line {lineno}: expected 'key<TAB>offset'"
+                raise RecordIOError(message) from None
+            index[key] = offset
+    return index
+
+
+class RecordIOReader:
+    """Random access (``read(key)``) and sequential scans (``scan()``) of a ``.rec`` file.
+
+    Uses ``os.pread`` on a descriptor opened lazily per process, so one reader can be shared by
+    DataLoader workers (each opens its own descriptor after fork/spawn).
+    """
+
+    def __init__(
+        self,
+        rec_path: str | os.PathLike,
+        idx_path: str | os.PathLike | None = None,
+        require_index: bool = True,
+    ):
+        self.rec_path = Path(rec_path)
+        if not self.rec_path.is_file():
+            raise FileNotFoundError(f"{self.rec_path}: RecordIO file not found")
+        self.size = self.rec_path.stat().st_size
+        self.idx_path = Path(idx_path) if idx_path else self.rec_path.with_suffix(".idx")
+        self._fd = -1
+        self._pid = -1
+        self.index: dict[int, int] = {}
+        if self.idx_path.is_file():
+            self.index = read_index(self.idx_path)
+            self._check_index()
+        elif require_index:
+            raise FileNotFoundError(
+                f"{self.idx_path}: index file not found for {self.rec_path}; pass idx_path=, or "
+                "rebuild it with partialfc.data.recordio.build_index(rec_path)"
+            )
+
+    def _check_index(self) -> None:
+        for key, offset in self.index.items():
+            if not 0 <= offset <= self.size - _LREC.size:
+                raise RecordIOError(
+                    f"{self.idx_path}: record id {key} points to offset {offset}, beyond the end "
+                    f"of {self.rec_path} ({self.size} bytes): .idx and .rec do not match"
+                )
+        # a cheap consistency probe: the first and last indexed offsets must start a record
+        offsets = sorted(self.index.items(), key=lambda kv: kv[1])
+        for key, offset in offsets[:1] + offsets[-1:]:
+            if self._pread(_LREC.size, offset)[:4] != _MAGIC_BYTES:
+                raise RecordIOError(
+                    f"{self.rec_path}: offset {offset} (record id {key} in {self.idx_path}) does "
+                    "not start a record: .idx and .rec do not match"
+                )
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_fd"], state["_pid"] = -1, -1
+        return state
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        if self._pid != os.getpid():
+            self._fd, self._pid = os.open(self.rec_path, os.O_RDONLY), os.getpid()
+        return os.pread(self._fd, n, offset)
+
+    def close(self) -> None:
+        if self._fd >= 0 and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd, self._pid = -1, -1
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def keys(self) -> list[int]:
+        return list(self.index)
+
+    def read_at(self, offset: int, key: int | str = "?") -> tuple[bytes, int]:
+        """Read the record starting at ``offset`` -> (payload, offset of the next record)."""
+        parts = []
+        pos = offset
+        while True:
+            head = self._pread(_LREC.size, pos)
+            where = f"{self.rec_path}: record id {key} at offset {pos}"
+            if len(head) < _LREC.size:
+                raise RecordIOError(f"{where}: truncated (file ends inside the record header)")
+            magic, lrec = _LREC.unpack(head)
+            if magic != MAGIC:
+                raise RecordIOError(f"{where}: bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})")
+            cflag, length = lrec >> 29, lrec & _LENGTH_MASK
+            data = self._pread(length, pos + _LREC.size) if length else b""
+            if len(data) < length:
+                raise RecordIOError(
+                    f"{where}: truncated (needs {length} bytes, file has {len(data)} left)"
+                )
+            if (cflag in (0, 1)) != (not parts):
+                raise RecordIOError(f"{where}: unexpected continuation flag {cflag}")
+            parts.append(data)
+            pos += _LREC.size + length + (-length % 4)
+            if cflag in (0, 3):
+                return _MAGIC_BYTES.join(parts), pos
+
+    def read(self, key: int) -> bytes:
+        """Payload of record ``key`` (via the ``.idx``)."""
+        try:
+            offset = self.index[key]
+        except KeyError:
+            raise RecordIOError(f"{self.idx_path}: no record id {key}") from None
+        return self.read_at(offset, key)[0]
+
+    def scan(self) -> Iterator[tuple[int, bytes]]:
+        """Sequential pass over the file: yields (offset, payload) for every record."""
+        offset = 0
+        while offset < self.size:
+            payload, following = self.read_at(offset, key=f"#{offset}")
+            yield offset, payload
+            offset = following
+
+
+def build_index(rec_path: str | os.PathLike, idx_path: str | os.PathLike | None = None) -> Path:
+    """Rebuild a ``.idx`` by scanning the ``.rec`` (keys = IRHeader ids). Written atomically."""
+    reader = RecordIOReader(rec_path, require_index=False)
+    lines = []
+    for offset, payload in reader.scan():
+        header, _ = unpack_record(payload, f"{reader.rec_path}: offset {offset}")
+        lines.append(f"{header.id}\t{offset}\n")
+    reader.close()
+    idx_path = Path(idx_path) if idx_path else reader.rec_path.with_suffix(".idx")
+    tmp = idx_path.with_name(f".{idx_path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text("".join(lines))
+        os.replace(tmp, idx_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return idx_path
+
+
+class RecordIOWriter:
+    """Write records (``write(key, payload)``) to ``.rec`` + ``.idx``.
+
+    Writes go to temporary files in the target folder; ``close()`` renames both into place,
+    so a crash or exception never leaves a half-written set under the final names. Use as a
+    context manager: leaving the block with an exception discards the temporaries.
+    """
+
+    def __init__(self, rec_path: str | os.PathLike, idx_path: str | os.PathLike | None = None):
+        self.rec_path = Path(rec_path)
+        self.idx_path = Path(idx_path) if idx_path else self.rec_path.with_suffix(".idx")
+        suffix = f".tmp-{os.getpid()}"
+        self._rec_tmp = self.rec_path.with_name(f".{self.rec_path.name}{suffix}")
+        self._idx_tmp = self.idx_path.with_name(f".{self.idx_path.name}{suffix}")
+        self._rec = open(self._rec_tmp, "wb")
+        self._idx = open(self._idx_tmp, "w")
+        self._keys: set[int] = set()
+        self.count = 0
+
+    def write(self, key: int, payload: bytes) -> None:
+        if key in self._keys:
+            raise ValueError(f"{self.rec_path}: duplicate record id {key}")
+        self._keys.add(key)
+        self._idx.write(f"{int(key)}\t{self._rec.tell()}\n")
+        self._rec.write(frame_record(payload))
+        self.count += 1
+
+    def close(self) -> None:
+        if self._rec.closed:
+            return
+        self._rec.close()
+        self._idx.close()
+        os.replace(self._rec_tmp, self.rec_path)
+        os.replace(self._idx_tmp, self.idx_path)
+
+    def abort(self) -> None:
+        self._rec.close()
+        self._idx.close()
+        self._rec_tmp.unlink(missing_ok=True)
+        self._idx_tmp.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+@dataclass
+class RecordLayout:
+    """Which keys are images, and the identity ranges when the set has a header record."""
+
+    image_keys: np.ndarray  # int64 (N,)
+    identity_ranges: np.ndarray | None  # int64 (K, 2): [start, end) image keys per identity
+    has_header: bool
+
+
+def read_layout(reader: RecordIOReader) -> RecordLayout:
+    """Detect the InsightFace header record (key 0, flag > 0) and list the image keys."""
+    if 0 in reader.index:
+        header, _ = unpack_record(reader.read(0), f"{reader.rec_path}: record id 0")
+        if header.flag > 0:
+            first_identity, end = (int(v) for v in np.asarray(header.label)[:2])
+            ranges = []
+            for key in range(first_identity, end):
+                ident, _ = unpack_record(reader.read(key), f"{reader.rec_path}: record id {key}")
+                ranges.append([int(v) for v in np.asarray(ident.label)[:2]])
+            return RecordLayout(
+                image_keys=np.arange(1, first_identity, dtype=np.int64),
+                identity_ranges=np.asarray(ranges, dtype=np.int64).reshape(-1, 2),
+                has_header=True,
+            )
+    return RecordLayout(np.asarray(reader.keys, dtype=np.int64), None, False)
+
+
+class RecordIODataset(LabelledDataset):
+    """Images from an MXNet RecordIO set (with or without the InsightFace header record).
+
+    Yields (uint8 RGB tensor (3, H, W), int label): the stored JPEG/PNG is decoded with OpenCV
+    and converted BGR -> RGB once (see :mod:`partialfc.data.decode`). The label is the
+    IRHeader scalar label, or the first element of its label vector.
+
+    on_error: "raise" -> RecordIOError naming file, offset and record id; "skip" -> substitute
+    the next good record and append the bad key to ``skipped`` (per process). ``verify()``
+    scans every record and returns the bad ones.
+    """
+
+    def __init__(
+        self,
+        rec_path: str | os.PathLike,
+        idx_path: str | os.PathLike | None = None,
+        transform: Transform | None = None,
+        on_error: str = "raise",
+        grayscale: bool = False,
+        return_index: bool = False,
+    ):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.reader = RecordIOReader(rec_path, idx_path)
+        self.layout = read_layout(self.reader)
+        self.keys = self.layout.image_keys
+        self.transform = transform
+        self.on_error = on_error
+        self.grayscale = grayscale
+        self.return_index = return_index
+        self.skipped: list[int] = []
+        self._labels: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 label of every image: from the identity ranges when the set has a header
+        record, otherwise by reading every record header once (cached)."""
+        if self._labels is None:
+            ranges = self.layout.identity_ranges
+            if ranges is not None:
+                labels = np.full(len(self.keys), -1, dtype=np.int64)
+                for identity, (start, end) in enumerate(ranges):
+                    labels[start - 1 : end - 1] = identity
+            else:
+                labels = np.empty(len(self.keys), dtype=np.int64)
+                for i, key in enumerate(self.keys):
+                    labels[i] = self._read(int(key))[0]
+            self._labels = labels
+        return self._labels
+
+    def _read(self, key: int) -> tuple[int, bytes]:
+        offset = self.reader.index.get(key, -1)
+        payload = self.reader.read(key)
+        where = f"{self.reader.rec_path}: record id {key} at offset {offset}"
+        header, data = unpack_record(payload, where)
+        label = header.label if header.flag == 0 else header.label[0]
+        return int(label), data
+
+    def _load_item(self, index: int):
+        key = int(self.keys[index])
+        label, data = self._read(key)
+        where = f"{self.reader.rec_path}: record id {key} at offset {self.reader.index[key]}"
+        try:
+            image = to_chw_tensor(decode_image(data, where, grayscale=self.grayscale))
+        except ValueError as err:
+            raise RecordIOError(str(err)) from None
+        if self.transform is not None:
+            image = self.transform(image)
+        return (image, label, index) if self.return_index else (image, label)
+
+    def __getitem__(self, index: int):
+        index = int(index)
+        if self.on_error == "raise":
+            return self._load_item(index)
+        for attempt in range(len(self)):
+            candidate = (index + attempt) % len(self)
+            try:
+                return self._load_item(candidate)
+            except RecordIOError:
+                self.skipped.append(int(self.keys[candidate]))
+        raise RecordIOError(f"{self.reader.rec_path}: no readable record")
+
+    def verify(self) -> list[tuple[int, str]]:
+        """Read and decode every image record; returns [(record id, error message)] for bad ones."""
+        bad = []
+        for i, key in enumerate(self.keys):
+            try:
+                self._load_item(i)
+            except RecordIOError as err:
+                bad.append((int(key), str(err)))
+        return bad
+
+
+def load_uint8_tensor(data: bytes, source: str) -> torch.Tensor:
+    """Decode encoded image bytes straight to a uint8 RGB tensor (3, H, W)."""
+    return to_chw_tensor(decode_image(data, source))

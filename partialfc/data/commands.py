@@ -1,0 +1,81 @@
+"""``partialfc pack`` and ``partialfc unpack``: image folder / list file <-> RecordIO."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    if command == "pack":
+        parser.add_argument(
+            "source", help="image folder (one sub-folder per identity) or a 'path label' list file"
+        )
+        parser.add_argument("output", help="output .rec path (the .idx is written next to it)")
+        parser.add_argument("--root", help="base folder for relative paths in a list file")
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=min(8, os.cpu_count() or 1),
+            help="reader processes (default: min(8, CPUs))",
+        )
+        parser.add_argument(
+            "--no-header",
+            action="store_true",
+            help="plain im2rec layout (keys 0..N-1, no identity records)",
+        )
+        parser.add_argument("--resize", type=int, help="re-encode as SIZE x SIZE JPEG")
+        parser.add_argument("--quality", type=int, default=95, help="JPEG quality with --resize")
+        parser.add_argument(
+            "--skip-bad",
+            action="store_true",
+            help="skip unreadable images (listed in the report) instead of failing",
+        )
+        parser.add_argument(
+            "--remap-labels",
+            action="store_true",
+            help="list file: map sorted distinct labels to 0..K-1",
+        )
+    else:
+        parser.add_argument("input", help="input .rec path")
+        parser.add_argument("output", help="output folder (must not exist)")
+        parser.add_argument("--idx", help="index file (default: the .rec path with .idx)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from partialfc.data.datasets import read_list_file, scan_image_folder
+    from partialfc.data.pack import pack_images, unpack_records
+
+    if args.command == "unpack":
+        count = unpack_records(args.input, args.output, args.idx)
+        print(json.dumps({"images": count, "output": str(args.output)}))
+        return 0
+    source = Path(args.source)
+    if source.is_dir():
+        paths, labels, _ = scan_image_folder(source)
+    else:
+        paths, labels = read_list_file(source, args.root, remap_labels=args.remap_labels)
+    report = pack_images(
+        paths,
+        labels,
+        args.output,
+        workers=args.workers,
+        header=not args.no_header,
+        resize=args.resize,
+        quality=args.quality,
+        skip_bad=args.skip_bad,
+    )
+    print(
+        json.dumps(
+            {
+                "images": report.images,
+                "classes": report.classes,
+                "skipped": report.skipped,
+                "rec": report.rec_path,
+                "idx": report.idx_path,
+            }
+        )
+    )
+    return 0

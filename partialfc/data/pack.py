@@ -1,0 +1,169 @@
+"""Pack images into an MXNet RecordIO set (``.rec`` + ``.idx``) and unpack one into a folder.
+
+Packed layout (InsightFace convention, readable by arcface_torch and by
+:class:`partialfc.data.recordio.RecordIODataset`): images sorted by label are keys 1..N
+(IRHeader label = class id, id = key); keys N+1..N+K hold one record per identity with label
+``(first image key, end key)``; key 0 is the header record with label ``(N+1, N+1+K)``.
+Record 0 is written last (readers find it through the ``.idx``), so a skipped image never
+leaves a stale header. ``header=False`` writes plain im2rec-style keys 0..N-1 instead.
+
+Image bytes are stored unchanged (each file is decoded once to check it) unless ``resize``
+is given, in which case they are re-encoded as JPEG at ``quality``. Workers read and check
+images in parallel; the main process writes in order to temporary files that are renamed into
+place only when everything succeeded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from partialfc.data.decode import decode_image, encode_image, image_extension
+from partialfc.data.recordio import IRHeader, RecordIODataset, RecordIOWriter, pack_record
+
+
+@dataclass
+class PackReport:
+    rec_path: str
+    idx_path: str
+    images: int
+    classes: int
+    skipped: list[str]
+    has_header: bool
+
+
+def _prepare(path: str, resize: int | None, quality: int) -> tuple[bytes | None, str]:
+    """Worker: read and check one image -> (bytes to store, error message or "")."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        image = decode_image(data, path)
+    except (OSError, ValueError) as err:
+        return None, f"{path}: unreadable image ({err})"
+    if resize:
+        if image.shape[:2] != (resize, resize):
+            image = cv2.resize(image, (resize, resize), interpolation=cv2.INTER_AREA)
+        data = encode_image(image, ".jpg", quality)
+    return data, ""
+
+
+def _pool(workers: int):
+    """Reader processes: fork where available (no re-import cost), spawn elsewhere."""
+    if workers <= 1:
+        return None
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn").Pool(workers)
+
+
+def pack_images(
+    paths: list[str],
+    labels,
+    rec_path: str | os.PathLike,
+    workers: int = 1,
+    header: bool = True,
+    resize: int | None = None,
+    quality: int = 95,
+    skip_bad: bool = False,
+    progress: bool = True,
+) -> PackReport:
+    """Write ``paths`` with ``labels`` (contiguous 0..K-1) to ``rec_path`` (+ ``.idx``).
+
+    Unreadable images raise ValueError naming the file, unless ``skip_bad`` (then they are
+    listed in the report; an identity left without images is still an error).
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    if len(paths) != len(labels):
+        raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
+    if len(paths) == 0:
+        raise ValueError("nothing to pack: no images")
+    num_classes = int(labels.max()) + 1
+    order = np.argsort(labels, kind="stable") if header else np.arange(len(labels))
+    rec_path = Path(rec_path)
+    work = partial(_prepare, resize=resize, quality=quality)
+    items = [paths[i] for i in order]
+    skipped: list[str] = []
+    written_labels: list[int] = []
+    first_key = 1 if header else 0
+    with RecordIOWriter(rec_path) as writer:
+        pool = _pool(workers)
+        try:
+            results = pool.imap(work, items, chunksize=32) if pool else map(work, items)
+            bar = tqdm(
+                results, total=len(items), desc=f"pack {rec_path.name}", disable=not progress
+            )
+            for position, (data, error) in enumerate(bar):
+                if data is None:
+                    if not skip_bad:
+                        raise ValueError(error)
+                    skipped.append(error)
+                    continue
+                key = first_key + len(written_labels)
+                label = int(labels[order[position]])
+                writer.write(key, pack_record(IRHeader(0, float(label), key, 0), data))
+                written_labels.append(label)
+        finally:
+            if pool:
+                pool.terminate()
+        counts = np.bincount(np.asarray(written_labels, dtype=np.int64), minlength=num_classes)
+        if (counts == 0).any():
+            empty = np.flatnonzero(counts == 0)[:5].tolist()
+            raise ValueError(f"classes {empty} have no readable image; labels must be contiguous")
+        if header:
+            starts = first_key + np.concatenate([[0], np.cumsum(counts)[:-1]])
+            first_identity = first_key + len(written_labels)
+            for identity, (start, count) in enumerate(zip(starts, counts, strict=True)):
+                key = first_identity + identity
+                label = np.array([start, start + count], dtype=np.float32)
+                writer.write(key, pack_record(IRHeader(2, label, key, 0)))
+            end = first_identity + num_classes
+            head = np.array([first_identity, end], dtype=np.float32)
+            writer.write(0, pack_record(IRHeader(2, head, 0, 0)))
+    return PackReport(
+        rec_path=str(rec_path),
+        idx_path=str(writer.idx_path),
+        images=len(written_labels),
+        classes=num_classes,
+        skipped=skipped,
+        has_header=header,
+    )
+
+
+def unpack_records(
+    rec_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    idx_path: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> int:
+    """Write every image of a ``.rec`` set to ``out_dir/<label>/<key>.<ext>`` (original bytes)
+    plus ``out_dir/list.txt`` (``path label``). Label folders are zero-padded, so the sorted
+    folder order equals the label order. ``out_dir`` must not exist; it appears complete or not
+    at all (built under a temporary name). Returns the number of images."""
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir}: already exists; choose a new output folder")
+    dataset = RecordIODataset(rec_path, idx_path)
+    width = len(str(max(dataset.num_classes - 1, 0)))
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    lines = []
+    try:
+        tmp.mkdir(parents=True)
+        for key in tqdm(dataset.keys, desc=f"unpack {Path(rec_path).name}", disable=not progress):
+            label, data = dataset._read(int(key))
+            rel = f"{label:0{width}d}/{int(key):08d}{image_extension(data)}"
+            (tmp / rel).parent.mkdir(exist_ok=True)
+            (tmp / rel).write_bytes(data)
+            lines.append(f"{rel} {label}\n")
+        (tmp / "list.txt").write_text("".join(lines))
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return len(lines)

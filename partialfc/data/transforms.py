@@ -1,0 +1,138 @@
+"""Augmentations on uint8 image tensors (C, H, W), meant to run in DataLoader workers, and the
+batch normalisation that runs on the training device.
+
+Randomness comes from torch's global generator (``torch.rand``), so a caller can make each
+sample's augmentation reproducible by seeding around the call (``torch.random.fork_rng``).
+Outputs stay uint8: workers ship 4x fewer bytes than float images.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def normalize_batch(images: torch.Tensor) -> torch.Tensor:
+    """uint8 batch (B, C, H, W) -> float32 in [-1, 1]: ``(x / 255 - 0.5) / 0.5``."""
+    return (images.float() / 255.0 - 0.5) / 0.5
+
+
+def _uniform(low: float, high: float) -> float:
+    return low + (high - low) * float(torch.rand(()))
+
+
+def _to_uint8(x: torch.Tensor) -> torch.Tensor:
+    return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+class Compose:
+    """Apply transforms in order."""
+
+    def __init__(self, transforms: Sequence[Callable[[torch.Tensor], torch.Tensor]]):
+        self.transforms = list(transforms)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        for transform in self.transforms:
+            image = transform(image)
+        return image
+
+
+class RandomHorizontalFlip:
+    """Mirror left-right with probability ``p`` (default 0.5)."""
+
+    def __init__(self, p: float = 0.5):
+        self.p = p
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return image.flip(-1) if float(torch.rand(())) < self.p else image
+
+
+class RandomCrop:
+    """Zero-pad by ``padding`` pixels on each side, then crop ``size`` x ``size`` at a uniformly
+    random position (default padding 0: crops must be smaller than the image)."""
+
+    def __init__(self, size: int, padding: int = 0):
+        self.size = int(size)
+        self.padding = int(padding)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if self.padding:
+            image = F.pad(image, (self.padding,) * 4)
+        h, w = image.shape[-2:]
+        if h < self.size or w < self.size:
+            raise ValueError(f"RandomCrop({self.size}) on an image of {h}x{w} (after padding)")
+        top = int(torch.randint(h - self.size + 1, ()))
+        left = int(torch.randint(w - self.size + 1, ()))
+        return image[..., top : top + self.size, left : left + self.size].contiguous()
+
+
+class ColorJitter:
+    """Random brightness, contrast and saturation factors, each uniform in [1 - a, 1 + a].
+
+    ``brightness`` scales pixels; ``contrast`` blends with the image's mean grey level;
+    ``saturation`` blends with the per-pixel grey (Rec. 601 luma; RGB only). ``contrast`` and
+    ``saturation`` default to ``brightness``. Applied in that fixed order.
+    """
+
+    def __init__(
+        self,
+        brightness: float = 0.2,
+        contrast: float | None = None,
+        saturation: float | None = None,
+    ):
+        self.brightness = float(brightness)
+        self.contrast = self.brightness if contrast is None else float(contrast)
+        self.saturation = self.brightness if saturation is None else float(saturation)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        x = image.float()
+        if self.brightness:
+            x = x * _uniform(1 - self.brightness, 1 + self.brightness)
+        if self.contrast:
+            f = _uniform(1 - self.contrast, 1 + self.contrast)
+            x = _grey(x).mean() + (x - _grey(x).mean()) * f
+        if self.saturation and x.shape[0] == 3:
+            f = _uniform(1 - self.saturation, 1 + self.saturation)
+            g = _grey(x)
+            x = g + (x - g) * f
+        return _to_uint8(x)
+
+
+def _grey(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] != 3:
+        return x.mean(0, keepdim=True)
+    return (0.299 * x[0] + 0.587 * x[1] + 0.114 * x[2]).unsqueeze(0)
+
+
+class RandomAffine:
+    """Random rotation (uniform in ±``max_rotation_deg``), shift (±``max_shift_frac`` of the
+    side) and isotropic scale (1 ± ``max_scale_delta``) about the centre; bilinear, zero border."""
+
+    def __init__(
+        self,
+        max_rotation_deg: float = 0.0,
+        max_shift_frac: float = 0.0,
+        max_scale_delta: float = 0.0,
+    ):
+        self.max_rotation_deg = float(max_rotation_deg)
+        self.max_shift_frac = float(max_shift_frac)
+        self.max_scale_delta = float(max_scale_delta)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        angle = math.radians(_uniform(-self.max_rotation_deg, self.max_rotation_deg))
+        scale = _uniform(1 - self.max_scale_delta, 1 + self.max_scale_delta)
+        tx = _uniform(-self.max_shift_frac, self.max_shift_frac) * 2  # grid units span 2
+        ty = _uniform(-self.max_shift_frac, self.max_shift_frac) * 2
+        cos, sin = math.cos(angle) / scale, math.sin(angle) / scale
+        # grid maps output coords to input coords: inverse of rotate-scale-then-shift
+        theta = torch.tensor(
+            [[cos, -sin, -(cos * tx - sin * ty)], [sin, cos, -(sin * tx + cos * ty)]],
+            dtype=torch.float32,
+        )
+        x = image.float().unsqueeze(0)
+        grid = F.affine_grid(theta.unsqueeze(0), list(x.shape), align_corners=False)
+        out = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        return _to_uint8(out.squeeze(0))

@@ -1,0 +1,56 @@
+"""Calling an embedding function: batching, the flip test, L2 normalisation.
+
+An *embed function* maps ``uint8`` images ``(N, H, W)`` or ``(N, H, W, C)`` to an ``(N, d)``
+array. ``partialfc.deploy.embedder.Embedder.embed`` is one; so is any Python callable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+EmbedFn = Callable[[np.ndarray], np.ndarray]
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Rows divided by their L2 norm (rows of zeros stay zero)."""
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def flip_horizontal(images: np.ndarray) -> np.ndarray:
+    """Mirror ``(N, H, W[, C])`` images left–right."""
+    if images.ndim not in (3, 4):
+        raise ValueError(f"images must be (N, H, W) or (N, H, W, C), got shape {images.shape}")
+    return images[:, :, ::-1]
+
+
+def embed_images(
+    embed_fn: EmbedFn, images: np.ndarray, flip: bool = False, batch_size: int = 256
+) -> np.ndarray:
+    """L2-normalised embeddings ``(N, d)`` float32.
+
+    With ``flip=True`` (the flip test) each embedding is ``normalize(e(x) + e(flip(x)))``,
+    i.e. the two raw embeddings are summed before normalising.
+    """
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise ValueError(f"images must be uint8, got {images.dtype}")
+    if images.ndim not in (3, 4) or len(images) == 0:
+        raise ValueError(f"images must be a non-empty (N, H, W[, C]) array, got {images.shape}")
+    out = []
+    for start in range(0, len(images), batch_size):
+        batch = images[start : start + batch_size]
+        e = _call(embed_fn, batch)
+        if flip:
+            e = e + _call(embed_fn, np.ascontiguousarray(flip_horizontal(batch)))
+        out.append(e)
+    return l2_normalize(np.concatenate(out))
+
+
+def _call(embed_fn: EmbedFn, batch: np.ndarray) -> np.ndarray:
+    e = np.asarray(embed_fn(batch), dtype=np.float32)
+    if e.ndim != 2 or e.shape[0] != batch.shape[0]:
+        raise ValueError(f"embed function returned shape {e.shape} for {batch.shape[0]} images")
+    return e

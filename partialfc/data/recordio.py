@@ -311,10 +311,11 @@ class RecordLayout:
 
 
 def read_layout(reader: RecordIOReader) -> RecordLayout:
-    """Detect the InsightFace header record (key 0, flag > 0) and list the image keys."""
+    """Detect the InsightFace header record (key 0, flag > 0, no image data) and list the
+    image keys."""
     if 0 in reader.index:
-        header, _ = unpack_record(reader.read(0), f"{reader.rec_path}: record id 0")
-        if header.flag > 0:
+        header, data = unpack_record(reader.read(0), f"{reader.rec_path}: record id 0")
+        if header.flag > 0 and not data:  # a header record carries no image bytes
             first_identity, end = (int(v) for v in np.asarray(header.label)[:2])
             ranges = []
             for key in range(first_identity, end):

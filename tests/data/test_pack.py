@@ -1,0 +1,117 @@
+"""pack -> read round trips on real Omniglot images, list files, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from partialfc.cli import main as cli_main
+from partialfc.data import ImageFolderDataset, ListFileDataset, RecordIODataset, load_omniglot
+from partialfc.data.decode import encode_image
+from partialfc.data.pack import pack_images
+
+
+@pytest.fixture(scope="module")
+def omniglot_folder(tmp_path_factory):
+    """60 real Omniglot drawings (3 classes x 20) as PNG files, one folder per class."""
+    root = tmp_path_factory.mktemp("omniglot") / "src"
+    data = load_omniglot("background", 28)
+    for i in range(60):
+        folder = root / f"class_{data.labels[i]:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:03d}.png").write_bytes(encode_image(data.images[i], ".png"))
+    return root, data.images[:60], data.labels[:60]
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_pack_roundtrip_equals_source(omniglot_folder, tmp_path, header):
+    root, source_images, source_labels = omniglot_folder
+    folder = ImageFolderDataset(root, grayscale=True)
+    report = pack_images(
+        folder.paths, folder.labels, tmp_path / "o.rec", workers=2, header=header, progress=False
+    )
+    assert (report.images, report.classes, report.has_header) == (60, 3, header)
+    ds = RecordIODataset(tmp_path / "o.rec", grayscale=True)
+    assert ds.layout.has_header == header and len(ds) == 60
+    got = np.stack([ds[i][0][0].numpy() for i in range(60)])
+    np.testing.assert_array_equal(got, source_images)  # PNG bytes are stored unchanged
+    np.testing.assert_array_equal(ds.labels, source_labels)
+    np.testing.assert_array_equal([ds[i][1] for i in range(60)], source_labels)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.idx", "o.rec"]  # no temporaries
+
+
+def test_cli_pack_list_file_and_unpack(omniglot_folder, tmp_path):
+    root, source_images, source_labels = omniglot_folder
+    folder = ImageFolderDataset(root)
+    order = np.random.default_rng(0).permutation(60)  # a list file in arbitrary order
+    lines = [f"{folder.paths[i]} {folder.labels[i]}" for i in order]
+    (tmp_path / "train.lst").write_text("\n".join(lines) + "\n")
+    assert (
+        cli_main(["pack", str(tmp_path / "train.lst"), str(tmp_path / "t.rec"), "--workers", "1"])
+        == 0
+    )
+    packed = RecordIODataset(tmp_path / "t.rec")
+    assert cli_main(["unpack", str(tmp_path / "t.rec"), str(tmp_path / "out")]) == 0
+    unpacked = ImageFolderDataset(tmp_path / "out")
+    listed = ListFileDataset(tmp_path / "out" / "list.txt")
+    # pack groups images by label, keeping the list's order within a label
+    expected = order[np.argsort(folder.labels[order], kind="stable")]
+    for i, j in enumerate(expected):
+        assert torch.equal(packed[i][0], folder[j][0]) and packed[i][1] == folder[j][1]
+        assert torch.equal(unpacked[i][0], folder[j][0]) and unpacked[i][1] == folder[j][1]
+        assert listed[i][1] == folder[j][1]
+    with pytest.raises(FileExistsError, match="already exists"):
+        cli_main(["unpack", str(tmp_path / "t.rec"), str(tmp_path / "out")])
+
+
+def test_pack_resize_reencodes_jpeg(omniglot_folder, tmp_path):
+    root, source_images, _ = omniglot_folder
+    folder = ImageFolderDataset(root)
+    pack_images(folder.paths[:5], [0] * 5, tmp_path / "r.rec", resize=56, progress=False)
+    ds = RecordIODataset(tmp_path / "r.rec")
+    assert ds[0][0].shape == (3, 56, 56)
+    assert ds.reader.read(1)[24:27] == b"\xff\xd8\xff"
+
+
+def test_unreadable_image_fails_cleanly_or_is_skipped(omniglot_folder, tmp_path):
+    root, _, _ = omniglot_folder
+    folder = ImageFolderDataset(root)
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"not an image")
+    paths = folder.paths[:4] + [str(bad)]
+    with pytest.raises(ValueError, match=r"broken.png: unreadable image"):
+        pack_images(paths, [0, 0, 1, 1, 1], tmp_path / "b.rec", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.png"]  # nothing half-written
+    report = pack_images(paths, [0, 0, 1, 1, 1], tmp_path / "b.rec", skip_bad=True, progress=False)
+    assert report.images == 4 and len(report.skipped) == 1
+    with pytest.raises(ValueError, match=r"classes \[1\] have no readable image"):
+        pack_images(
+            paths[:2] + [str(bad)], [0, 0, 1], tmp_path / "c.rec", skip_bad=True, progress=False
+        )
+
+
+def test_empty_identity_folder_and_bad_lists(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.png").write_bytes(encode_image(np.zeros((4, 4), np.uint8), ".png"))
+    (tmp_path / "b").mkdir()
+    with pytest.raises(ValueError, match=r"/b: identity folder has no images"):
+        ImageFolderDataset(tmp_path)
+    (tmp_path / "gap.lst").write_text("a/x.png 0\na/x.png 2\n")
+    with pytest.raises(ValueError, match=r"gap.lst: labels are not contiguous 0..2.*\[1\]"):
+        ListFileDataset(tmp_path / "gap.lst")
+    assert ListFileDataset(tmp_path / "gap.lst", remap_labels=True).labels.tolist() == [0, 1]
+    (tmp_path / "bad.lst").write_text("a/x.png zero\n")
+    with pytest.raises(ValueError, match=r"bad.lst: line 1"):
+        ListFileDataset(tmp_path / "bad.lst")
+
+
+def test_unreadable_image_in_folder_dataset(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "ok.png").write_bytes(encode_image(np.full((4, 4), 7, np.uint8), ".png"))
+    (tmp_path / "a" / "zz.png").write_bytes(b"garbage")
+    ds = ImageFolderDataset(tmp_path)
+    with pytest.raises(ValueError, match=r"zz.png: not a decodable image"):
+        ds[1]
+    skipping = ImageFolderDataset(tmp_path, on_error="skip")
+    assert int(skipping[1][0][0, 0, 0]) == 7 and skipping.skipped[0].endswith("zz.png")

@@ -1,0 +1,81 @@
+"""Augmentations on uint8 tensors, in DataLoader workers, and batch normalisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from partialfc.data import ArrayDataset, load_omniglot
+from partialfc.data.transforms import (
+    ColorJitter,
+    Compose,
+    RandomAffine,
+    RandomCrop,
+    RandomHorizontalFlip,
+    normalize_batch,
+)
+
+
+def image(c=3, h=9, w=7):
+    return torch.randint(
+        0, 256, (c, h, w), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
+
+
+def test_normalize_batch_values():
+    x = torch.tensor([0, 255, 51], dtype=torch.uint8).view(1, 1, 1, 3)
+    np.testing.assert_allclose(normalize_batch(x).flatten().numpy(), [-1.0, 1.0, -0.6], atol=1e-6)
+    assert normalize_batch(x).dtype == torch.float32
+
+
+def test_flip_and_crop():
+    x = image()
+    assert torch.equal(RandomHorizontalFlip(1.0)(x), x.flip(-1))
+    assert torch.equal(RandomHorizontalFlip(0.0)(x), x)
+    assert torch.equal(RandomCrop(7)(image(3, 7, 7)), image(3, 7, 7))
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    torch.manual_seed(5)
+    crop = RandomCrop(6, padding=2)(x)
+    windows = [padded[:, i : i + 6, j : j + 6] for i in range(8) for j in range(6)]
+    assert crop.shape == (3, 6, 6) and any(torch.equal(crop, w) for w in windows)
+
+
+def test_color_jitter_matches_an_independent_computation():
+    x = image()
+    assert torch.equal(ColorJitter(0.0)(x), x)
+    torch.manual_seed(11)
+    out = ColorJitter(brightness=0.3, contrast=0.0, saturation=0.0)(x)
+    torch.manual_seed(11)
+    factor = 0.7 + 0.6 * float(torch.rand(()))
+    expected = np.clip(np.round(x.numpy().astype(np.float64) * factor), 0, 255)
+    assert np.abs(out.numpy().astype(np.float64) - expected).max() <= 1
+    torch.manual_seed(12)
+    saturated = ColorJitter(brightness=0.0, contrast=0.0, saturation=0.5)(x)
+    grey = image(3, 5, 5).float().mean(0, keepdim=True).expand(3, 5, 5).round().to(torch.uint8)
+    assert torch.equal(ColorJitter(0.0, 0.0, 0.9)(grey), grey)  # grey stays grey
+    assert saturated.dtype == torch.uint8
+
+
+def test_affine_without_motion_is_identity():
+    x = image(1, 12, 12)
+    assert torch.equal(RandomAffine(0.0, 0.0, 0.0)(x), x)
+    out = RandomAffine(15.0, 0.1, 0.1)(x)
+    assert out.shape == x.shape and out.dtype == torch.uint8
+
+
+def test_augmentation_in_dataloader_workers(bundled_omniglot):
+    torch.set_num_threads(1)
+    data = load_omniglot("background", 28)
+    ds = ArrayDataset(
+        data.images[:64],
+        data.labels[:64],
+        transform=Compose([RandomCrop(28, padding=2), RandomHorizontalFlip()]),
+    )
+    loader = DataLoader(ds, batch_size=32, num_workers=2)
+    batches = list(loader)
+    assert len(batches) == 2 and batches[0][0].dtype == torch.uint8
+    assert batches[0][0].shape == (32, 1, 28, 28)
+    x = normalize_batch(batches[0][0])
+    assert x.min() >= -1 and x.max() <= 1
+    assert batches[1][1].tolist() == data.labels[32:64].tolist()

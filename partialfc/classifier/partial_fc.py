@@ -1,0 +1,402 @@
+"""Partial FC: a class-sharded, negative-sampled margin-softmax classifier (seeds 000, 002).
+
+Per step, on every rank (``N`` ranks, global batch ``B = sum_r b_r``):
+
+1. validate the local input, then all-gather ``[b_r, ok_r]``: every rank knows every batch
+   size and whether any rank's input is bad (then *all* ranks raise) before moving data;
+2. all-gather the L2-normalised embeddings (autograd-aware) and the labels;
+3. active classes of this rank's block ``[start, stop)``: every local class that is a label in
+   the global batch, plus uniformly sampled local negatives up to ``ceil(r * C_local)``;
+   with sub-centers all ``K`` rows of an active class are active;
+4. ``cos = x_hat @ w_hat^T`` on the active rows only, max over sub-centers, the margin from
+   :mod:`partialfc.losses.margins` on the target column (the same code as the dense head);
+5. PFC* (optional): negatives with ``cos > negative_cos_threshold`` are dropped from the
+   softmax (no gradient, not in the denominator);
+6. exact softmax over the union of all ranks' active sets without gathering logits:
+   ``m_i = max_r max_j z_ij`` (all-reduce MAX), ``S_i = sum_r sum_j exp(z_ij - m_i)``
+   (all-reduce SUM) and the target logit ``t_i`` (all-reduce SUM, one rank contributes);
+   ``loss = (1/B) sum_i [log S_i + m_i - t_i]``, identical on every rank.
+
+Gradients. Centers: ``d loss / d w`` of the global-mean loss, exact, rank-local (no
+communication). Embeddings: the all-gather's backward sums the per-rank partials, so rank k
+receives ``d loss / d x_i`` for its own rows. The backbone is data-parallel and its gradient
+must be combined across ranks; with ``backbone_grad_reduction="mean"`` (default, matching
+DistributedDataParallel, which *averages* gradients) the embedding gradient is multiplied by
+``N``, so the averaged backbone gradient equals the gradient of a single process running the
+concatenated global batch. Use ``"sum"`` if backbone gradients are summed across ranks.
+
+Centers are updated only where they were active (the paper's semantics): forward records the
+active rows (:class:`ActiveRows`), backward fills their gradient, and a row-sparse optimizer
+(:mod:`partialfc.classifier.optim`) consumes the record in ``step()``. ``update="dense"``
+instead exposes the whole block as an ``nn.Parameter`` with a dense gradient for a standard
+torch optimizer (every row then moves under momentum and weight decay; for comparison only).
+
+Batches: per-rank batch sizes may differ and a rank may have an empty batch (e.g. the end of
+an epoch); a globally empty batch is an error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from partialfc.classifier.collectives import (
+    all_gather_rows,
+    all_gather_rows_no_grad,
+    all_gather_sizes,
+    all_reduce_max,
+    all_reduce_sum_identity_backward,
+    world_info,
+)
+from partialfc.classifier.sampling import (
+    sample_active_classes,
+    sampling_budget,
+    sampling_generator,
+)
+from partialfc.classifier.sharding import class_block
+from partialfc.classifier.storage import SUPPORTED_DTYPES, ReusableBuffer, RowTable
+from partialfc.losses.margins import CombinedMargin
+from partialfc.losses.subcenter import max_over_subcenters
+
+__all__ = ["PartialFC", "ActiveRows", "init_center_rows"]
+
+_INIT_CHUNK_CLASSES = 1 << 16
+
+
+def init_center_rows(
+    num_classes: int,
+    embedding_dim: int,
+    num_subcenters: int,
+    seed: int,
+    class_start: int,
+    class_stop: int,
+    std: float = 0.01,
+) -> Tensor:
+    """Initial centers ``N(0, std^2)`` of classes ``[class_start, class_stop)``, float32.
+
+    Rows are drawn in fixed chunks of 65536 classes, each from its own generator, so the table
+    is the same for any number of ranks (and any block can be built without the others).
+    """
+    k, d = num_subcenters, embedding_dim
+    out = torch.empty((class_stop - class_start) * k, d)
+    first_chunk = class_start // _INIT_CHUNK_CLASSES
+    last_chunk = max(class_stop - 1, class_start) // _INIT_CHUNK_CLASSES
+    for chunk in range(first_chunk, last_chunk + 1):
+        c0 = chunk * _INIT_CHUNK_CLASSES
+        c1 = min(c0 + _INIT_CHUNK_CLASSES, num_classes)
+        lo, hi = max(c0, class_start), min(c1, class_stop)
+        if lo >= hi:
+            continue
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + chunk)
+        block = torch.randn((c1 - c0) * k, d, generator=gen).mul_(std)
+        out[(lo - class_start) * k : (hi - class_start) * k] = block[(lo - c0) * k : (hi - c0) * k]
+    return out
+
+
+@dataclass
+class ActiveRows:
+    """The rows one forward used, handed from :class:`PartialFC` to a row-sparse optimizer.
+
+    Attributes:
+        step: sampling step that produced them.
+        rows: ``(n,)`` sorted row indices into the local center table (class-major sub-centers).
+        weight: ``(n, d)`` float32 values of those rows as used in forward.
+        grad: ``(n, d)`` float32 ``d loss / d weight``; valid once ``grad_ready`` is True.
+    """
+
+    step: int
+    rows: Tensor
+    weight: Tensor
+    grad: Tensor
+    grad_ready: bool = False
+    extras: dict = field(default_factory=dict)
+
+
+class _ActiveCosine(torch.autograd.Function):
+    """``cos = x_hat @ (w / |w|)^T`` with the center gradient written into a reused buffer."""
+
+    @staticmethod
+    def forward(ctx, x_hat: Tensor, weight: Tensor, record: ActiveRows) -> Tensor:
+        inv_norm = weight.norm(dim=1).clamp_min(1e-12).reciprocal_()
+        cos = torch.mm(x_hat, weight.t()).mul_(inv_norm)
+        ctx.save_for_backward(x_hat, weight, inv_norm)
+        ctx.record = record
+        return cos
+
+    @staticmethod
+    def backward(ctx, grad_cos: Tensor):
+        x_hat, weight, inv_norm = ctx.saved_tensors
+        record: ActiveRows = ctx.record
+        scaled = grad_cos * inv_norm  # d loss / d (x . w) per column
+        grad_x = torch.mm(scaled, weight) if ctx.needs_input_grad[0] else None
+        # d/dw_j [x.w_j / |w_j|] = (x - cos * u_j) / |w_j|, summed over the batch:
+        # g_j = inv_j * (G_j - (G_j . u_j) u_j) with G = grad_cos^T x
+        g = record.grad
+        torch.mm(grad_cos.t(), x_hat, out=g)
+        along = (g * weight).sum(dim=1).mul_(inv_norm * inv_norm)
+        g.addcmul_(weight, along.unsqueeze(1), value=-1.0).mul_(inv_norm.unsqueeze(1))
+        record.grad_ready = True
+        return grad_x, None, None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, factor: float) -> Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad * ctx.factor, None
+
+
+class PartialFC(nn.Module):
+    """Class-sharded, sampled margin-softmax over ``num_classes`` centers (see module docstring).
+
+    Args:
+        num_classes: C, total number of classes over all ranks (>= world size).
+        embedding_dim: d.
+        margin: a :class:`~partialfc.losses.margins.CombinedMargin` (ArcFace, CosFace, ...).
+        sample_rate: r in (0, 1]; each rank keeps ``ceil(r * C_local)`` active classes per step
+            (more if the batch holds more local positives). Default 1.0 (exact softmax).
+        num_subcenters: K sub-centers per class (class-major rows). Default 1.
+        negative_cos_threshold: PFC*; drop negatives with cosine above it. Default None (off);
+            the paper uses 0.4.
+        update: ``"sparse"`` (default; use :class:`RowSparseSGD` / :class:`RowSparseAdamW`)
+            or ``"dense"`` (``self.weight`` is an ``nn.Parameter``; any torch optimizer).
+        storage_dtype: float32 (default) or bfloat16 centers (sparse mode); math is float32.
+        device: compute device (default CPU).
+        storage_device: where the table lives (default ``device``); e.g. ``"cpu"`` with a CUDA
+            ``device`` keeps the table in (pinned) host memory and moves only active rows.
+        backbone_grad_reduction: ``"mean"`` (default, DDP) or ``"sum"``; see module docstring.
+        seed: seeds the initial centers and the sampling (with step and rank).
+        init_std: standard deviation of the initial centers. Default 0.01.
+        process_group: torch.distributed group (default: the world, or none).
+
+    ``forward(local_embeddings (b, d), local_labels (b,)) -> loss`` (scalar, global-batch mean).
+    Note: ``.to()`` does not move the table; choose ``device`` / ``storage_device`` up front.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_dim: int,
+        margin: CombinedMargin,
+        sample_rate: float = 1.0,
+        num_subcenters: int = 1,
+        negative_cos_threshold: float | None = None,
+        update: str = "sparse",
+        storage_dtype: torch.dtype = torch.float32,
+        device=None,
+        storage_device=None,
+        backbone_grad_reduction: str = "mean",
+        seed: int = 0,
+        init_std: float = 0.01,
+        process_group=None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(margin, CombinedMargin):
+            raise ValueError(f"margin must be a CombinedMargin, got {type(margin).__name__}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+        if not isinstance(embedding_dim, int) or embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be a positive int, got {embedding_dim!r}")
+        if not isinstance(num_subcenters, int) or num_subcenters < 1:
+            raise ValueError(f"num_subcenters must be an int >= 1, got {num_subcenters!r}")
+        if not (isinstance(sample_rate, (int, float)) and 0.0 < sample_rate <= 1.0):
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        if negative_cos_threshold is not None and not -1.0 <= negative_cos_threshold <= 1.0:
+            raise ValueError(
+                f"negative_cos_threshold must be in [-1, 1] or None, got {negative_cos_threshold}"
+            )
+        if update not in ("sparse", "dense"):
+            raise ValueError(f'update must be "sparse" or "dense", got {update!r}')
+        if backbone_grad_reduction not in ("mean", "sum"):
+            raise ValueError(
+                f'backbone_grad_reduction must be "mean" or "sum", got {backbone_grad_reduction!r}'
+            )
+        if storage_dtype not in SUPPORTED_DTYPES:
+            raise ValueError(
+                f"storage_dtype must be one of {SUPPORTED_DTYPES}, got {storage_dtype}"
+            )
+        if update == "dense" and (storage_dtype != torch.float32 or storage_device is not None):
+            raise ValueError('update="dense" keeps a float32 table on the compute device')
+
+        self.num_classes = num_classes
+        self.embedding_dim = embedding_dim
+        self.margin = margin
+        self.sample_rate = float(sample_rate)
+        self.num_subcenters = num_subcenters
+        self.negative_cos_threshold = negative_cos_threshold
+        self.update = update
+        self.storage_dtype = storage_dtype
+        self.backbone_grad_reduction = backbone_grad_reduction
+        self.seed = int(seed)
+        self.process_group = process_group
+        self.device = torch.device(device if device is not None else "cpu")
+        self.storage_device = torch.device(storage_device) if storage_device else self.device
+
+        self.rank, self.world_size = world_info(process_group)
+        self.block = class_block(num_classes, self.rank, self.world_size)
+        self.budget = sampling_budget(self.block.size, self.sample_rate)
+        self.sampling_step = 0
+
+        init = init_center_rows(
+            num_classes, embedding_dim, num_subcenters, seed, self.block.start, self.block.stop,
+            std=init_std,
+        )  # fmt: skip
+        if update == "dense":
+            self.weight = nn.Parameter(init.to(self.device))
+            self.centers = None
+        else:
+            self.centers = RowTable(
+                init.shape[0], embedding_dim, storage_dtype, self.storage_device, self.device, init
+            )
+        del init
+        self._weight_buffer = ReusableBuffer(self.device)
+        self._grad_buffer = ReusableBuffer(self.device)
+        self._active: ActiveRows | None = None
+
+    # ------------------------------------------------------------------ the handshake
+    @property
+    def active_rows(self) -> ActiveRows | None:
+        """The record of the last training forward, until an optimizer consumes it."""
+        return self._active
+
+    def consume_active_rows(self) -> ActiveRows | None:
+        """Hand the last forward's active rows (with gradient) to the optimizer, once."""
+        record, self._active = self._active, None
+        if record is not None and not record.grad_ready:
+            raise RuntimeError(
+                "PartialFC: optimizer.step() called before loss.backward() for the last forward"
+            )
+        return record
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def local_num_rows(self) -> int:
+        return self.block.size * self.num_subcenters
+
+    def local_centers_float32(self) -> Tensor:
+        """This rank's centers ``(C_local * K, d)`` as float32 (a copy)."""
+        if self.update == "dense":
+            return self.weight.detach().float().clone()
+        return self.centers.rows_float32(0, self.local_num_rows)
+
+    def _validate_local(self, embeddings: Tensor, labels: Tensor) -> str | None:
+        if not isinstance(embeddings, Tensor) or embeddings.dim() != 2:
+            return f"local_embeddings must be a 2-D tensor (b, {self.embedding_dim})"
+        if embeddings.shape[1] != self.embedding_dim:
+            return (
+                f"local_embeddings has dimension {embeddings.shape[1]}, "
+                f"expected embedding_dim={self.embedding_dim}"
+            )
+        if not embeddings.is_floating_point():
+            return f"local_embeddings must be floating point, got {embeddings.dtype}"
+        if not isinstance(labels, Tensor) or labels.dim() != 1:
+            return "local_labels must be a 1-D integer tensor"
+        if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+            return f"local_labels must be an integer tensor, got {labels.dtype}"
+        if labels.shape[0] != embeddings.shape[0]:
+            return (
+                f"local_labels has {labels.shape[0]} entries for {embeddings.shape[0]} embeddings"
+            )
+        if labels.numel():
+            lo, hi = int(labels.min()), int(labels.max())
+            if lo < 0 or hi >= self.num_classes:
+                bad = lo if lo < 0 else hi
+                return f"local_labels contains {bad}, outside [0, num_classes={self.num_classes})"
+        return None
+
+    def _select_active_classes(self, labels_all: Tensor) -> Tensor:
+        start, stop = self.block.start, self.block.stop
+        local = labels_all[(labels_all >= start) & (labels_all < stop)] - start
+        positives = torch.unique(local)
+        if self.budget >= self.block.size:
+            return torch.arange(self.block.size, device=labels_all.device)
+        gen = sampling_generator(self.seed, self.sampling_step, self.rank)
+        return sample_active_classes(positives, self.block.size, self.budget, gen)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, local_embeddings: Tensor, local_labels: Tensor) -> Tensor:
+        """Global-batch mean margin-softmax loss over the sampled union of active centers."""
+        error = self._validate_local(local_embeddings, local_labels)
+        b = local_embeddings.shape[0] if error is None else 0
+        info = all_gather_sizes([b, 0 if error is None else 1], self.device, self.process_group)
+        bad_ranks = [r for r in range(info.shape[0]) if int(info[r, 1])]
+        if bad_ranks:
+            if error is not None:
+                raise ValueError(f"PartialFC (rank {self.rank}): {error}")
+            raise ValueError(f"PartialFC: invalid input on rank(s) {bad_ranks} (see their error)")
+        sizes = [int(s) for s in info[:, 0]]
+        total = sum(sizes)
+        if total == 0:
+            raise ValueError("PartialFC: the global batch is empty on every rank")
+
+        x_hat = F.normalize(local_embeddings.to(self.device, torch.float32), dim=1)
+        if self.backbone_grad_reduction == "mean" and self.world_size > 1:
+            x_hat = _ScaleGrad.apply(x_hat, float(self.world_size))
+        x_all = all_gather_rows(x_hat, sizes, self.process_group)
+        labels_all = all_gather_rows_no_grad(
+            local_labels.to(self.device, torch.long), sizes, self.process_group
+        )
+
+        active = self._select_active_classes(labels_all)
+        k = self.num_subcenters
+        rows = (active.unsqueeze(1) * k + torch.arange(k, device=active.device)).reshape(-1)
+        record = None
+        if self.update == "dense":
+            w = self.weight.index_select(0, rows)
+            cos = F.linear(x_all, F.normalize(w, dim=1))
+        else:
+            w = self.centers.read(rows, self._weight_buffer).detach().requires_grad_(True)
+            grad = self._grad_buffer.get(*w.shape)
+            record = ActiveRows(self.sampling_step, rows, w, grad)
+            cos = _ActiveCosine.apply(x_all, w, record)
+        if k > 1:
+            cos, _ = max_over_subcenters(cos, k)
+
+        start, stop = self.block.start, self.block.stop
+        is_local = (labels_all >= start) & (labels_all < stop)
+        col = torch.searchsorted(active, (labels_all - start).clamp(0, max(stop - start - 1, 0)))
+        target_col = torch.where(is_local, col, torch.full_like(col, -1))
+
+        logits = self.margin(cos, target_col)
+        if self.negative_cos_threshold is not None:
+            drop = cos.detach() > self.negative_cos_threshold
+            if bool(is_local.any()):
+                own = torch.nonzero(is_local).squeeze(1)
+                drop[own, target_col[own]] = False
+            logits = logits.masked_fill(drop, -math.inf)
+
+        row_max = all_reduce_max(logits.detach().max(dim=1).values, self.process_group)
+        sum_exp = torch.exp(logits - row_max.unsqueeze(1)).sum(dim=1)
+        sum_exp = all_reduce_sum_identity_backward(sum_exp, self.process_group)
+        target = logits.gather(1, target_col.clamp_min(0).unsqueeze(1)).squeeze(1)
+        target = torch.where(is_local, target, torch.zeros_like(target))
+        target = all_reduce_sum_identity_backward(target, self.process_group)
+        loss = (torch.log(sum_exp) + row_max - target).mean()
+
+        if record is not None and torch.is_grad_enabled():
+            if self._active is not None and self._active.grad_ready:
+                raise RuntimeError(
+                    "PartialFC: the previous step's center gradients were never applied; call "
+                    "optimizer.step() between steps (gradient accumulation is not supported)"
+                )
+            self._active = record
+        if torch.is_grad_enabled():
+            self.sampling_step += 1
+        return loss
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_classes={self.num_classes}, embedding_dim={self.embedding_dim}, "
+            f"sample_rate={self.sample_rate}, num_subcenters={self.num_subcenters}, "
+            f"negative_cos_threshold={self.negative_cos_threshold}, update={self.update!r}, "
+            f"storage_dtype={self.storage_dtype}, rank={self.rank}/{self.world_size}, "
+            f"classes=[{self.block.start}, {self.block.stop})"
+        )

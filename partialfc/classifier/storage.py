@@ -1,0 +1,133 @@
+"""Row tables: the center table and per-row optimizer state of one rank, stored compactly.
+
+A :class:`RowTable` holds ``(rows, d)`` values in a storage dtype (float32 or bfloat16) on a
+storage device (the compute device, or host memory — pinned when CUDA is available — for tables
+larger than device memory). Each step only the active rows travel: :meth:`RowTable.read`
+copies them into a reused float32 buffer on the compute device, the math runs in float32, and
+:meth:`RowTable.write` stores them back.
+
+bfloat16 storage keeps 8 significant bits, so a small update (``lr * weight_decay * w`` is
+~5e-5 relative) would be rounded away every step with round-to-nearest. Writes therefore use
+*stochastic rounding*: add 16 uniform random bits below the bfloat16 mantissa, then truncate.
+The stored value is unbiased, ``E[round(x)] = x``, so small updates accumulate in expectation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["RowTable", "ReusableBuffer", "stochastic_round_to_bfloat16", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def stochastic_round_to_bfloat16(values: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Round float32 ``values`` to bfloat16 stochastically, **in place** on ``values``' bits.
+
+    Returns the bfloat16 tensor. ``values`` (contiguous float32) is left truncated.
+    """
+    if values.dtype != torch.float32 or not values.is_contiguous():
+        raise ValueError("stochastic rounding needs a contiguous float32 tensor")
+    bits = values.view(torch.int32)
+    noise = torch.randint(
+        0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device, generator=generator
+    )
+    bits.add_(noise).bitwise_and_(-65536)  # keep sign, exponent and the top 7 mantissa bits
+    return values.to(torch.bfloat16)
+
+
+class ReusableBuffer:
+    """A float32 scratch buffer that grows on demand and is reused across steps.
+
+    Fresh multi-GB allocations page in slowly; a buffer that keeps its memory does not.
+    """
+
+    def __init__(self, device, dtype=torch.float32, pin_memory: bool = False) -> None:
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.pin_memory = pin_memory
+        self._storage: Tensor | None = None
+
+    def get(self, rows: int, cols: int) -> Tensor:
+        """A ``(rows, cols)`` contiguous view (contents undefined)."""
+        need = rows * cols
+        if self._storage is None or self._storage.numel() < need:
+            self._storage = torch.empty(
+                max(need, 1), dtype=self.dtype, device=self.device, pin_memory=self.pin_memory
+            )
+        return self._storage[:need].view(rows, cols)
+
+
+class RowTable:
+    """``(num_rows, dim)`` values in a compact dtype with float32 reads and writes of row subsets.
+
+    Args:
+        num_rows, dim: table shape.
+        dtype: storage dtype, float32 or bfloat16.
+        storage_device: where the table lives.
+        compute_device: where :meth:`read` delivers rows.
+        fill: initial values, a float tensor of the table shape (any dtype) or None for zeros.
+    """
+
+    def __init__(
+        self,
+        num_rows: int,
+        dim: int,
+        dtype: torch.dtype,
+        storage_device,
+        compute_device,
+        fill: Tensor | None = None,
+    ) -> None:
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"storage dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
+        self.dtype = dtype
+        self.storage_device = torch.device(storage_device)
+        self.compute_device = torch.device(compute_device)
+        self.staged = self.storage_device != self.compute_device
+        pin = self.staged and self.storage_device.type == "cpu" and torch.cuda.is_available()
+        self.data = torch.zeros(num_rows, dim, dtype=dtype, device=self.storage_device)
+        if pin:
+            self.data = self.data.pin_memory()
+        if fill is not None:
+            self.data.copy_(fill)
+        self._compute = ReusableBuffer(self.compute_device)
+        self._staging = ReusableBuffer(self.storage_device, dtype=dtype, pin_memory=pin)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    def read(self, rows: Tensor, out: ReusableBuffer | None = None) -> Tensor:
+        """Float32 copy of ``data[rows]`` on the compute device, in a reused buffer."""
+        n, dim = rows.numel(), self.data.shape[1]
+        dest = (out or self._compute).get(n, dim)
+        rows_s = rows.to(self.storage_device)
+        if not self.staged and self.dtype == torch.float32:
+            torch.index_select(self.data, 0, rows_s, out=dest)
+            return dest
+        stage = self._staging.get(n, dim)
+        torch.index_select(self.data, 0, rows_s, out=stage)
+        dest.copy_(stage, non_blocking=True)
+        return dest
+
+    def write(self, rows: Tensor, values: Tensor, generator: torch.Generator | None) -> None:
+        """Store float32 ``values`` into ``data[rows]`` (stochastic rounding for bfloat16).
+
+        ``values`` may be overwritten (rounding works in place on its bits).
+        """
+        rows_s = rows.to(self.storage_device)
+        if self.dtype == torch.bfloat16:
+            values = stochastic_round_to_bfloat16(values.contiguous(), generator)
+        if values.device != self.storage_device:
+            stage = self._staging.get(*values.shape)
+            stage.copy_(values)
+            values = stage
+        self.data.index_copy_(0, rows_s, values.to(self.dtype))
+
+    def rows_float32(self, start: int, stop: int) -> Tensor:
+        """Float32 copy of a contiguous row range (checkpoints, tests)."""
+        return self.data[start:stop].float()
+
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()

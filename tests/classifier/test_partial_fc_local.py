@@ -1,0 +1,265 @@
+"""Single-process checks: sharding, sampling, storage rounding, the optimizer handshake, and
+row-sparse optimizers against torch's own SGD / AdamW."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from partialfc.classifier import (
+    PartialFC,
+    RowSparseAdamW,
+    RowSparseSGD,
+    class_block,
+    class_blocks,
+    init_center_rows,
+    sample_active_classes,
+    sampling_budget,
+)
+from partialfc.classifier.partial_fc import ActiveRows, _ActiveCosine
+from partialfc.classifier.sampling import sampling_generator
+from partialfc.classifier.storage import RowTable, stochastic_round_to_bfloat16
+from partialfc.losses.margins import ArcFaceMargin
+from tests.classifier.reference import dense_reference
+
+D = 8
+
+
+def test_class_blocks_are_contiguous_and_balanced():
+    blocks = class_blocks(11, 3)
+    assert [(b.start, b.stop) for b in blocks] == [(0, 4), (4, 8), (8, 11)]
+    assert class_block(10, 1, 4).size == 3 and class_block(10, 3, 4).size == 2
+    with pytest.raises(ValueError, match="num_classes=2 is smaller than world_size=3"):
+        class_block(2, 0, 3)
+
+
+def test_budget_and_sampling():
+    assert sampling_budget(1000, 0.1) == 100  # no float round-up to 101
+    assert sampling_budget(7, 0.3) == 3  # ceil(2.1)
+    assert sampling_budget(5, 1.0) == 5
+    positives = torch.tensor([3, 17, 40])
+    a = sample_active_classes(positives, 50, 10, sampling_generator(0, 5, 1))
+    b = sample_active_classes(positives, 50, 10, sampling_generator(0, 5, 1))
+    c = sample_active_classes(positives, 50, 10, sampling_generator(0, 6, 1))
+    d = sample_active_classes(positives, 50, 10, sampling_generator(0, 5, 2))
+    assert torch.equal(a, b) and not torch.equal(a, c) and not torch.equal(a, d)
+    assert a.numel() == 10 and torch.isin(positives, a).all()
+    assert torch.equal(a, torch.sort(torch.unique(a)).values)
+    many = torch.arange(0, 50, 3)  # 17 positives exceed the budget of 10: all kept, no negatives
+    assert torch.equal(sample_active_classes(many, 50, 10, sampling_generator(0, 0, 0)), many)
+
+
+def test_sampled_negatives_are_uniform():
+    counts = torch.zeros(20)
+    for step in range(2000):
+        counts[sample_active_classes(torch.tensor([0]), 20, 5, sampling_generator(1, step, 0))] += 1
+    assert counts[0] == 2000
+    # each of the 19 negatives is drawn with probability 4/19: expect 421 +- 18 (sd)
+    assert (counts[1:] - 2000 * 4 / 19).abs().max() < 80
+
+
+def test_stochastic_rounding_is_unbiased():
+    value = 1.0 + 2.0**-10  # between two bfloat16 neighbours 1 and 1 + 2^-7
+    x = torch.full((200_000,), value)
+    rounded = stochastic_round_to_bfloat16(x.clone(), torch.Generator().manual_seed(0)).float()
+    assert set(rounded.unique().tolist()) == {1.0, 1.0 + 2.0**-7}
+    assert rounded.double().mean().item() == pytest.approx(value, abs=3e-5)
+    assert x.to(torch.bfloat16).float().unique().tolist() == [1.0]  # nearest would lose it
+
+
+def test_row_table_reads_and_writes_rows():
+    fill = torch.randn(6, D)
+    table = RowTable(6, D, torch.bfloat16, "cpu", "cpu", fill)
+    rows = torch.tensor([1, 4])
+    got = table.read(rows)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, fill[rows].to(torch.bfloat16).float())
+    before = table.data.clone()
+    table.write(rows, torch.ones(2, D), None)
+    assert torch.equal(table.data[rows].float(), torch.ones(2, D))
+    idle = torch.tensor([0, 2, 3, 5])
+    assert torch.equal(table.data[idle], before[idle])
+
+
+def test_active_cosine_gradients_match_autograd_float64():
+    x = F.normalize(torch.randn(5, D, dtype=torch.float64), dim=1).requires_grad_(True)
+    w = torch.randn(7, D, dtype=torch.float64).requires_grad_(True)
+    record = ActiveRows(0, torch.arange(7), w, torch.empty(7, D, dtype=torch.float64))
+    upstream = torch.randn(5, 7, dtype=torch.float64)
+    (_ActiveCosine.apply(x, w, record) * upstream).sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    (x2 @ F.normalize(w2, dim=1).t() * upstream).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(record.grad, w2.grad, rtol=1e-12, atol=1e-12)
+    assert record.grad_ready
+
+
+def _batch(c, b=12, seed=0):
+    gen = torch.Generator().manual_seed(1000 + seed)  # not the centers' stream
+    return torch.randn(b, D, generator=gen), torch.randint(0, c, (b,), generator=gen)
+
+
+def test_constructor_and_input_errors():
+    m = ArcFaceMargin()
+    for rate in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="sample_rate must be in"):
+            PartialFC(10, D, m, sample_rate=rate)
+    with pytest.raises(ValueError, match="margin must be a CombinedMargin"):
+        PartialFC(10, D, margin=lambda c, t: c)
+    with pytest.raises(ValueError, match='update="dense"'):
+        PartialFC(10, D, m, update="dense", storage_dtype=torch.bfloat16)
+    pfc = PartialFC(10, D, m)
+    with pytest.raises(ValueError, match="outside"):
+        pfc(torch.randn(2, D), torch.tensor([0, -1]))
+    with pytest.raises(ValueError, match="embedding_dim=8"):
+        pfc(torch.randn(2, D + 1), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="2 entries for 3 embeddings"):
+        pfc(torch.randn(3, D), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="empty"):
+        pfc(torch.randn(0, D), torch.zeros(0, dtype=torch.long))
+
+
+def test_handshake_step_consumes_rows_once():
+    pfc = PartialFC(30, D, ArcFaceMargin(), sample_rate=0.3)
+    opt = RowSparseSGD(pfc, lr=0.1)
+    x, y = _batch(30)
+    pfc(x, y)
+    with pytest.raises(RuntimeError, match="before loss.backward"):
+        opt.step()
+    pfc(x, y).backward()
+    with pytest.raises(RuntimeError, match="never applied"):
+        pfc(x, y)
+    opt.step()
+    assert pfc.active_rows is None
+    before = pfc.centers.data.clone()
+    opt.step()  # nothing recorded: nothing moves
+    assert torch.equal(pfc.centers.data, before)
+    with torch.no_grad():
+        pfc(x, y)  # evaluation forward records nothing
+    assert pfc.active_rows is None
+
+
+def test_subcenters_of_a_sampled_class_are_all_active():
+    k = 3
+    pfc = PartialFC(40, D, ArcFaceMargin(), sample_rate=0.25, num_subcenters=k)
+    x, y = _batch(40)
+    pfc(x, y).backward()
+    rows = pfc.active_rows.rows
+    classes = rows.view(-1, k) // k
+    assert (classes == classes[:, :1]).all() and (rows.view(-1, k) % k == torch.arange(k)).all()
+    assert classes.shape[0] == max(10, y.unique().numel())
+    assert torch.isin(y.unique(), classes[:, 0]).all()
+
+
+def test_rowsparse_sgd_at_rate_one_matches_dense_mode_with_torch_sgd():
+    sparse = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3)
+    dense = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3, update="dense")
+    opt_s = RowSparseSGD(sparse, lr=0.2, momentum=0.9, weight_decay=5e-4, nesterov=True)
+    opt_d = torch.optim.SGD(dense.parameters(), lr=0.2, momentum=0.9, weight_decay=5e-4,
+                            nesterov=True)  # fmt: skip
+    for step in range(3):
+        x, y = _batch(20, seed=step)
+        ls, ld = sparse(x, y), dense(x, y)
+        assert ls.item() == pytest.approx(ld.item(), rel=1e-6)
+        ls.backward()
+        ld.backward()
+        opt_s.step()
+        opt_d.step()
+        opt_d.zero_grad()
+    torch.testing.assert_close(sparse.centers.data, dense.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_dense_mode_moves_unsampled_rows_sparse_mode_does_not():
+    kw = dict(sample_rate=0.2, init_std=0.3)
+    sparse = PartialFC(50, D, ArcFaceMargin(), **kw)
+    dense = PartialFC(50, D, ArcFaceMargin(), update="dense", **kw)
+    opt_s = RowSparseSGD(sparse, lr=0.1)
+    opt_d = torch.optim.SGD(dense.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    start = sparse.centers.data.clone()
+    for step in range(2):
+        x, y = _batch(50, b=4, seed=step)
+        sparse(x, y).backward()
+        dense(x, y).backward()
+        active = sparse.active_rows.rows
+        opt_s.step()
+        opt_d.step()
+        opt_d.zero_grad()
+    idle = torch.ones(50, dtype=torch.bool)
+    idle[active] = False
+    moved_dense = (dense.weight.detach() != start).all(dim=1)
+    moved_sparse = (sparse.centers.data != start).any(dim=1)
+    assert moved_dense.all()  # weight decay and momentum move every row in dense mode
+    assert moved_sparse.sum() < 50 and not moved_sparse[idle & ~moved_sparse].any()
+
+
+def test_rowsparse_adamw_at_rate_one_matches_torch_adamw():
+    pfc = PartialFC(15, D, ArcFaceMargin(0.5, 16.0), init_std=0.3)
+    opt = RowSparseAdamW(pfc, lr=1e-2, weight_decay=0.05)
+    w = pfc.local_centers_float32().requires_grad_(True)
+    ref_opt = torch.optim.AdamW([w], lr=1e-2, weight_decay=0.05)
+    for step in range(3):
+        x, y = _batch(15, seed=step)
+        pfc(x, y).backward()
+        _, _, gw = dense_reference(x, w, y, scale=16.0, m2_rad=0.5)
+        w.grad = gw.float()
+        opt.step()
+        ref_opt.step()
+    torch.testing.assert_close(pfc.centers.data, w.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(opt.tables["exp_avg"].data, ref_opt.state[w]["exp_avg"])
+
+
+def test_adamw_bias_correction_counts_only_active_steps():
+    pfc = PartialFC(40, D, ArcFaceMargin(), sample_rate=0.1)
+    opt = RowSparseAdamW(pfc, lr=1e-2)
+    seen = torch.zeros(40, dtype=torch.int32)
+    for step in range(3):
+        x, y = _batch(40, b=2, seed=step)
+        pfc(x, y).backward()
+        seen[pfc.active_rows.rows] += 1
+        opt.step()
+    assert torch.equal(opt.row_steps, seen) and seen.max() >= 1 and (seen == 0).any()
+
+
+def test_optimizer_state_dict_round_trip_and_lr_scheduler():
+    pfc = PartialFC(20, D, ArcFaceMargin(), sample_rate=0.5)
+    opt = RowSparseSGD(pfc, lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    x, y = _batch(20)
+    pfc(x, y).backward()
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    state = opt.state_dict()
+    fresh = RowSparseSGD(PartialFC(20, D, ArcFaceMargin(), sample_rate=0.5), lr=1.0)
+    fresh.load_state_dict(state)
+    assert fresh.param_groups[0]["lr"] == pytest.approx(0.05) and fresh.num_steps == 1
+    assert torch.equal(fresh.tables["momentum_buffer"].data, opt.tables["momentum_buffer"].data)
+    with pytest.raises(ValueError, match="RowSparseSGD"):
+        RowSparseAdamW(PartialFC(20, D, ArcFaceMargin())).load_state_dict(state)
+
+
+def test_bfloat16_storage_tracks_float32_storage():
+    kw = dict(sample_rate=0.5, init_std=0.3, seed=1)
+    f32 = PartialFC(64, D, ArcFaceMargin(0.5, 16.0), **kw)
+    b16 = PartialFC(64, D, ArcFaceMargin(0.5, 16.0), storage_dtype=torch.bfloat16, **kw)
+    assert b16.centers.data.dtype == torch.bfloat16 and b16.centers.nbytes() == 64 * D * 2
+    opts = [RowSparseSGD(f32, lr=0.2), RowSparseSGD(b16, lr=0.2)]
+    assert opts[1].tables["momentum_buffer"].data.dtype == torch.bfloat16
+    for step in range(20):
+        x, y = _batch(64, b=16, seed=step)
+        losses = []
+        for pfc, opt in zip((f32, b16), opts, strict=True):
+            loss = pfc(x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=0.02)
+    drift = (b16.centers.data.float() - f32.centers.data).norm() / f32.centers.data.norm()
+    assert drift < 0.02
+
+
+def test_init_is_independent_of_the_sharding():
+    full = init_center_rows(100_000, 4, 2, seed=7, class_start=0, class_stop=100_000)
+    part = init_center_rows(100_000, 4, 2, seed=7, class_start=65_000, class_stop=70_000)
+    assert torch.equal(part, full[65_000 * 2 : 70_000 * 2])

@@ -1,0 +1,53 @@
+"""Pieces shared by every backbone: input-size handling and the embedding head.
+
+Every backbone maps ``(B, in_channels, H, W)`` float images to ``(B, embedding_dim)``
+*unnormalised* embeddings; heads L2-normalise them (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def as_hw(input_size: int | tuple[int, int]) -> tuple[int, int]:
+    """``112 -> (112, 112)``; ``(96, 112) -> (96, 112)``. Rejects non-positive sizes."""
+    if isinstance(input_size, int):
+        h = w = input_size
+    else:
+        h, w = (int(v) for v in input_size)
+    if h < 1 or w < 1:
+        raise ValueError(f"input_size must be positive, got {input_size!r}")
+    return h, w
+
+
+def conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
+    """Spatial output length of a convolution: ``floor((n + 2p - k) / s) + 1``."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def check_in_channels(in_channels: int) -> int:
+    if in_channels not in (1, 3):
+        raise ValueError(f"in_channels must be 1 (grey) or 3 (RGB), got {in_channels}")
+    return in_channels
+
+
+class EmbeddingHead(nn.Module):
+    """ArcFace output block: ``BN → Dropout → Flatten → FC → BN`` to the embedding.
+
+    The final BatchNorm1d keeps its scale fixed at 1 (only the shift is learned), as in
+    the ArcFace reference models, so the head cannot shrink the feature norm by itself.
+    """
+
+    def __init__(self, channels: int, spatial: int, embedding_dim: int, dropout: float):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(channels, eps=1e-5)
+        self.dropout = nn.Dropout(p=dropout)
+        self.fc = nn.Linear(channels * spatial, embedding_dim)
+        self.features = nn.BatchNorm1d(embedding_dim, eps=1e-5)
+        nn.init.constant_(self.features.weight, 1.0)
+        self.features.weight.requires_grad_(False)
+
+    def forward(self, x):
+        x = self.dropout(self.bn(x))
+        # flatten() rather than view(): works for channels-last feature maps too
+        return self.features(self.fc(x.flatten(1)))

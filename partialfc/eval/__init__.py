@@ -13,8 +13,30 @@ from .accuracy import (
     fold_ids,
     kfold_accuracy,
 )
+from .embedding import embed_images, flip_horizontal, l2_normalize
+from .evaluate import evaluate_model
+from .identification import (
+    CmcCurve,
+    MatedSearch,
+    OpenSetPoint,
+    cmc,
+    cmc_from_ranks,
+    mated_search,
+    open_set_identification,
+    ranks_from_neighbors,
+)
 from .intervals import Proportion, clopper_pearson, proportion
+from .pair_scoring import PairScoreSummary, count_scores_at_least, score_all_pairs
+from .report_writer import write_report
+from .reports import (
+    IdentificationReport,
+    VerificationReport,
+    identification_report,
+    verification_report,
+)
 from .roc import EqualErrorRate, RocCurve, equal_error_rate, roc_auc, roc_curve
+from .search import ExactSearch, GallerySearch, HNSWSearch, IVFSearch
+from .subgroups import GroupRates, SubgroupReport, subgroup_report
 from .tar_at_far import (
     ImpostorThreshold,
     InsufficientPairsError,
@@ -24,27 +46,57 @@ from .tar_at_far import (
     tar_at_threshold,
     tar_at_zero_far,
 )
+from .templates import pool_media_templates, pool_templates
 
 __all__ = [
     "AccuracyAtThreshold",
+    "CmcCurve",
     "EqualErrorRate",
+    "ExactSearch",
+    "GallerySearch",
+    "GroupRates",
+    "HNSWSearch",
+    "IVFSearch",
+    "IdentificationReport",
     "ImpostorThreshold",
     "InsufficientPairsError",
     "KFoldAccuracy",
+    "MatedSearch",
+    "OpenSetPoint",
+    "PairScoreSummary",
     "Proportion",
     "RocCurve",
+    "SubgroupReport",
     "TarAtFar",
+    "VerificationReport",
     "accuracy_at_threshold",
     "best_threshold",
     "clopper_pearson",
+    "cmc",
+    "cmc_from_ranks",
+    "count_scores_at_least",
+    "embed_images",
     "equal_error_rate",
+    "evaluate_model",
+    "flip_horizontal",
     "fold_ids",
+    "identification_report",
     "impostor_threshold",
     "kfold_accuracy",
+    "l2_normalize",
+    "mated_search",
+    "open_set_identification",
+    "pool_media_templates",
+    "pool_templates",
     "proportion",
+    "ranks_from_neighbors",
     "roc_auc",
     "roc_curve",
+    "score_all_pairs",
+    "subgroup_report",
     "tar_at_far",
     "tar_at_threshold",
     "tar_at_zero_far",
+    "verification_report",
+    "write_report",
 ]

@@ -1,0 +1,91 @@
+"""``partialfc eval``: evaluate a checkpoint or exported model on verification and
+identification protocols; writes results.json, report.md, roc.png and cmc.png."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.add_argument("model", help="checkpoint or exported model (loaded with Embedder.load)")
+    parser.add_argument("--out", required=True, help="output folder for the report")
+    parser.add_argument(
+        "--bin",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="InsightFace .bin verification set (repeatable)",
+    )
+    parser.add_argument("--lfw-pairs", metavar="PAIRS_TXT", help="LFW-style pairs.txt")
+    parser.add_argument("--lfw-images", metavar="DIR_OR_ZIP", help="images for --lfw-pairs")
+    parser.add_argument(
+        "--lfw-dev", action="store_true", help="LFW development pairs from the shared data folder"
+    )
+    parser.add_argument(
+        "--omniglot",
+        action="store_true",
+        help="Omniglot evaluation set, all pairs (open set, ~8.7e7 impostors)",
+    )
+    parser.add_argument(
+        "--omniglot-one-shot", action="store_true", help="Lake's 20-way one-shot runs"
+    )
+    parser.add_argument("--omniglot-size", type=int, default=28, choices=(28, 105))
+    parser.add_argument(
+        "--orl",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ROOT",
+        help="ORL faces (default root: the shared data folder)",
+    )
+    parser.add_argument("--ijb", metavar="ROOT", help="IJB-B/C folder with meta/ and loose_crop/")
+    parser.add_argument("--ijb-name", default="IJBC", choices=("IJBB", "IJBC"))
+    parser.add_argument("--no-flip", action="store_true", help="disable the flip test")
+    parser.add_argument("--batch-size", type=int, default=256)
+
+
+def build_protocols(args: argparse.Namespace) -> list:
+    from .protocols import Ijb, LfwPairs, OmniglotOneShot, OmniglotOpenSet, Orl, VerificationBin
+
+    flip = not args.no_flip
+    protocols = [VerificationBin(p, flip=flip, batch_size=args.batch_size) for p in args.bin]
+    if bool(args.lfw_pairs) != bool(args.lfw_images):
+        raise ValueError("--lfw-pairs and --lfw-images go together")
+    if args.lfw_pairs:
+        protocols.append(LfwPairs(args.lfw_pairs, args.lfw_images, flip=flip))
+    if args.lfw_dev:
+        protocols.append(LfwPairs(flip=flip))
+    if args.omniglot:
+        protocols.append(OmniglotOpenSet(size=args.omniglot_size))
+    if args.omniglot_one_shot:
+        protocols.append(OmniglotOneShot(size=args.omniglot_size))
+    if args.orl is not None:
+        protocols.append(Orl(args.orl or None, flip=flip))
+    if args.ijb:
+        protocols.append(Ijb(args.ijb, name=args.ijb_name, flip=flip))
+    if not protocols:
+        raise ValueError("choose at least one protocol (--bin, --lfw-dev, --omniglot, ...)")
+    return protocols
+
+
+def run(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate_model
+
+    try:
+        protocols = build_protocols(args)
+    except ValueError as err:
+        print(f"partialfc eval: {err}", file=sys.stderr)
+        return 2
+    from partialfc.deploy.embedder import Embedder
+
+    embedder = Embedder.load(args.model)
+    evaluate_model(
+        embedder.embed,
+        protocols,
+        args.out,
+        title=f"Evaluation of {args.model}",
+        meta={"model": str(args.model), "flip_test": not args.no_flip},
+    )
+    print(f"report written to {args.out}/report.md")
+    return 0

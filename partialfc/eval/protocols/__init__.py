@@ -1,0 +1,37 @@
+"""Evaluation protocols. Each is a :class:`Protocol` with ``run(embed_fn) -> list of reports``.
+
+* :class:`VerificationBin`: InsightFace ``.bin`` sets (LFW, CFP-FP, AgeDB-30, CALFW, CPLFW)
+* :class:`LfwPairs`: LFW ``pairs.txt`` over an image folder/zip (default: LFW dev pairs)
+* :class:`Ijb`: IJB-B/C 1:1 and 1:N from the meta files
+* :class:`OmniglotOpenSet`, :class:`OmniglotOneShot`, :class:`Orl`: bundled/shared real data
+"""
+
+from .base import Protocol
+from .ijb import (
+    Ijb,
+    ijb_one_to_many,
+    ijb_one_to_one,
+    read_1n_csv,
+    read_face_tid_mid,
+    read_landmarks,
+    read_template_pairs,
+)
+from .omniglot import OmniglotOneShot, OmniglotOpenSet
+from .orl import Orl
+from .pairs import LfwPairs, VerificationBin
+
+__all__ = [
+    "Ijb",
+    "LfwPairs",
+    "OmniglotOneShot",
+    "OmniglotOpenSet",
+    "Orl",
+    "Protocol",
+    "VerificationBin",
+    "ijb_one_to_many",
+    "ijb_one_to_one",
+    "read_1n_csv",
+    "read_face_tid_mid",
+    "read_landmarks",
+    "read_template_pairs",
+]

@@ -1,0 +1,203 @@
+"""Protocols end to end: tiny hand-made IJB meta files, a .bin set, an LFW pairs folder, and
+the bundled/shared real data with a pixel baseline embedding; report files and the command."""
+
+import json
+import sys
+import types
+
+import cv2
+import numpy as np
+import pytest
+
+from partialfc.eval import evaluate_model
+from partialfc.eval.protocols import (
+    Ijb,
+    LfwPairs,
+    OmniglotOneShot,
+    OmniglotOpenSet,
+    Orl,
+    VerificationBin,
+    ijb_one_to_many,
+    ijb_one_to_one,
+    read_1n_csv,
+    read_face_tid_mid,
+    read_template_pairs,
+)
+
+
+def pixel_embed(images):
+    """Baseline embedding: 16x16 grey thumbnail, mean-centred per image."""
+    out = []
+    for im in images:
+        g = cv2.cvtColor(im, cv2.COLOR_RGB2GRAY) if im.ndim == 3 else im
+        v = cv2.resize(g, (16, 16), interpolation=cv2.INTER_AREA).astype(np.float32).ravel()
+        out.append(v - v.mean())
+    return np.stack(out)
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def ijb_root(tmp_path):
+    """IJB-style folder: 6 faces in 3 templates; template 1 has two media (frames 1a, 1b)."""
+    meta = tmp_path / "meta"
+    _write(
+        meta / "ijbc_face_tid_mid.txt",
+        "1.jpg 1 10\n2.jpg 1 10\n3.jpg 1 11\n4.jpg 2 20\n5.jpg 3 30\n6.jpg 3 31\n",
+    )
+    _write(meta / "ijbc_template_pair_label.txt", "1 2 1\n1 3 0\n2 3 0\n")
+    pts = "30.3 35.5 65.5 35.3 48.0 55.7 33.5 76.0 62.7 76.0"
+    _write(meta / "ijbc_name_5pts_score.txt", "".join(f"{i}.jpg {pts} 0.99\n" for i in range(1, 7)))
+    _write(meta / "ijbc_1N_gallery_G1.csv", "TEMPLATE_ID,SUBJECT_ID,FILENAME\n1,100,a.jpg\n")
+    _write(meta / "ijbc_1N_gallery_G2.csv", "TEMPLATE_ID,SUBJECT_ID,FILENAME\n3,300,b.jpg\n")
+    _write(
+        meta / "ijbc_1N_probe_mixed.csv",
+        "TEMPLATE_ID,SUBJECT_ID,FILENAME\n2,100,c.jpg\n3,300,d.jpg\n",
+    )
+    rng = np.random.default_rng(0)
+    (tmp_path / "loose_crop").mkdir()
+    for i in range(1, 7):
+        cv2.imwrite(
+            str(tmp_path / "loose_crop" / f"{i}.jpg"),
+            rng.integers(0, 255, (96, 96, 3), dtype=np.uint8),
+        )
+    return tmp_path
+
+
+def test_ijb_parsing_and_media_pooled_scores(ijb_root):
+    meta = ijb_root / "meta"
+    names, tids, mids = read_face_tid_mid(meta / "ijbc_face_tid_mid.txt")
+    assert names[0] == "1.jpg" and tids.tolist() == [1, 1, 1, 2, 3, 3]
+    assert mids.tolist() == [10, 10, 11, 20, 30, 30 + 1]
+    t1, t2, same = read_template_pairs(meta / "ijbc_template_pair_label.txt")
+    assert same.tolist() == [True, False, False]
+    assert read_1n_csv(meta / "ijbc_1N_probe_mixed.csv")[1].tolist() == [100, 300]
+    # hand-made image embeddings: template 1 = mean(media 10 = x, media 11 = y) -> (x+y)/√2
+    e = np.array([[1, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1], [0, 0, 1]], np.float32)
+    r = ijb_one_to_one(e, tids, mids, (t1, t2, same))
+    assert (r.n_genuine, r.n_impostor) == (1, 2)
+    assert r.roc.thresholds[1] == pytest.approx(1.0)  # genuine: (x+y)/√2 · (x+y)/√2
+    assert r.auc == 1.0
+    g1, g2 = ijb_one_to_many(
+        e,
+        tids,
+        mids,
+        {
+            "G1": read_1n_csv(meta / "ijbc_1N_gallery_G1.csv"),
+            "G2": read_1n_csv(meta / "ijbc_1N_gallery_G2.csv"),
+        },
+        read_1n_csv(meta / "ijbc_1N_probe_mixed.csv"),
+        fpirs=(1.0,),
+    )
+    assert (g1.n_mated_probes, g1.n_nonmated_probes, g1.cmc.rank(1).k) == (1, 1, 1)
+    assert g1.open_set[0].fpir.n == 1
+
+
+def test_ijb_errors_name_the_file(ijb_root):
+    bad = _write(ijb_root / "meta" / "bad_pairs.txt", "1 2 1\n1 x 0\n")
+    with pytest.raises(ValueError, match=r"bad_pairs.txt: line 2: field 2 is not an integer"):
+        read_template_pairs(bad)
+    names, tids, mids = read_face_tid_mid(ijb_root / "meta" / "ijbc_face_tid_mid.txt")
+    with pytest.raises(ValueError, match="template id.*have no images.*99"):
+        ijb_one_to_one(
+            np.eye(6, 3, dtype=np.float32),
+            tids,
+            mids,
+            (np.array([1]), np.array([99]), np.array([True])),
+        )
+
+
+def test_ijb_protocol_end_to_end_with_alignment(ijb_root, tmp_path):
+    reports = Ijb(ijb_root, "IJBC", size=32, flip=True).run(pixel_embed)
+    assert [r.name for r in reports] == ["ijbc_1to1", "ijbc_1toN_G1", "ijbc_1toN_G2"]
+    assert reports[0].n_genuine + reports[0].n_impostor == 3
+
+
+def test_verification_bin_protocol(tmp_path):
+    from partialfc.data.verification_bin import write_verification_bin
+
+    rng = np.random.default_rng(1)
+    faces = [rng.integers(0, 255, (24, 24, 3), dtype=np.uint8) for _ in range(10)]
+    images, issame = [], []
+    for i in range(10):  # pairs alternate: same image (mirrored) / two different images
+        a = faces[i]
+        b = a[:, ::-1] if i % 2 == 0 else faces[(i + 3) % 10]
+        images += [cv2.imencode(".png", a)[1].tobytes(), cv2.imencode(".png", b)[1].tobytes()]
+        issame.append(i % 2 == 0)
+    path = tmp_path / "tiny.bin"
+    write_verification_bin(path, images, issame)
+    (r,) = VerificationBin(path, flip=True, n_folds=5).run(pixel_embed)
+    assert r.name == "tiny" and (r.n_genuine, r.n_impostor) == (5, 5)
+    # with the flip test a mirrored pair has identical embeddings: score 1, perfect separation
+    assert r.auc == 1.0 and r.kfold_accuracy.mean == 1.0
+    assert len(r.kfold_accuracy.fold_accuracy) == 5
+    assert any("only 5 impostor pairs" in u for u in r.unresolved)
+
+
+def test_lfw_pairs_over_a_folder(tmp_path):
+    rng = np.random.default_rng(2)
+    for name, n in [("Ann_A", 2), ("Bob_B", 1), ("Cid_C", 1)]:
+        for k in range(1, n + 1):
+            p = tmp_path / "img" / name / f"{name}_{k:04d}.jpg"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            cv2.imwrite(str(p), rng.integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    pairs = _write(
+        tmp_path / "pairs.txt",
+        "2\t1\nAnn_A\t1\t2\nAnn_A\t1\tBob_B\t1\nAnn_A\t2\t2\nBob_B\t1\tCid_C\t1\n",
+    )
+    (r,) = LfwPairs(pairs, tmp_path / "img", flip=False).run(pixel_embed)
+    assert (r.n_genuine, r.n_impostor) == (2, 2)
+    assert len(r.kfold_accuracy.fold_accuracy) == 2  # the file's own two folds
+
+
+def test_orl_protocol_and_report_files(shared_data, tmp_path):
+    reports = evaluate_model(pixel_embed, [Orl(shared_data / "orl_faces")], tmp_path, log=None)
+    verification, closed, open_set = reports
+    assert (verification.n_genuine, verification.n_impostor) == (1800, 78000)
+    assert closed.n_mated_probes == 360 and closed.n_gallery_identities == 40
+    assert closed.cmc.rank(1).rate > 0.5  # raw pixels already identify most ORL faces
+    assert (open_set.n_mated_probes, open_set.n_nonmated_probes) == (180, 200)
+    assert [p.target_fpir for p in open_set.open_set] == [1e-2, 1e-1]
+    payload = json.loads((tmp_path / "results.json").read_text())
+    assert payload["results"][0]["n_impostor"] == 78000
+    md = (tmp_path / "report.md").read_text()
+    assert "1800 genuine / 78000 impostor pairs" in md and "not reported: only 78000" in md
+    assert (tmp_path / "roc.png").stat().st_size > 0 and (tmp_path / "cmc.png").exists()
+
+
+def test_omniglot_protocols_on_bundled_data():
+    (one_shot,) = OmniglotOneShot().run(pixel_embed)
+    assert one_shot.cmc.n_probes == 400 and one_shot.cmc.rank(20).rate == 1.0
+    assert one_shot.cmc.rank(1).rate > 3 / 20  # well above 1/20 chance
+    (pairs,) = OmniglotOpenSet(max_images=2000, fars=(1e-4, 1e-2)).run(pixel_embed)
+    assert pairs.n_genuine == 100 * 190 and pairs.n_genuine + pairs.n_impostor == 2000 * 1999 // 2
+    assert [t.allowed_false_accepts for t in pairs.tar_at_far] == [198, 19800]
+    assert all(t.far.k <= t.allowed_false_accepts for t in pairs.tar_at_far)
+
+
+def test_eval_command_with_a_stand_in_embedder(monkeypatch, tmp_path, shared_data):
+    from partialfc.cli import main
+
+    class FakeEmbedder:
+        @classmethod
+        def load(cls, path):
+            assert path == "model.onnx"
+            return cls()
+
+        def embed(self, images, flip=False):
+            return pixel_embed(images)
+
+    module = types.ModuleType("partialfc.deploy.embedder")
+    module.Embedder = FakeEmbedder
+    monkeypatch.setitem(sys.modules, "partialfc.deploy.embedder", module)
+    out = tmp_path / "report"
+    assert (
+        main(["eval", "model.onnx", "--orl", str(shared_data / "orl_faces"), "--out", str(out)])
+        == 0
+    )
+    assert json.loads((out / "results.json").read_text())["meta"]["model"] == "model.onnx"
+    assert main(["eval", "model.onnx", "--out", str(out)]) == 2  # no protocol chosen

@@ -95,7 +95,7 @@ SMALL_MODELS = ["iresnet18", "iresnet_small", "mobilefacenet", "vit_t"]
 
 
 @pytest.mark.parametrize("name", SMALL_MODELS)
-@pytest.mark.parametrize("input_size,in_channels", [(28, 1), (96, 1), ((112, 96), 3)])
+@pytest.mark.parametrize("input_size,in_channels", [(28, 1), ((112, 96), 3)])
 def test_output_shape(name, input_size, in_channels):
     model = build_model(name, embedding_dim=64, input_size=input_size, in_channels=in_channels)
     h, w = (input_size, input_size) if isinstance(input_size, int) else input_size

@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .reports import IdentificationReport, VerificationReport
+from .reports import IdentificationReport, VerificationReport, roc_points
 from .results import to_jsonable
 
 
@@ -46,9 +46,12 @@ def _plot(path: Path, draw) -> None:
 def plot_roc(reports: list[VerificationReport], path: Path) -> None:
     def draw(ax):
         for r in reports:
-            far, tar = r.roc.far, r.roc.tar
-            ok = far > 0
-            ax.plot(far[ok], tar[ok], label=f"{r.name} ({r.n_impostor} impostor pairs)")
+            points = [p for p in roc_points(r.roc, max_points=2000) if p["far"] > 0]
+            ax.plot(
+                [p["far"] for p in points],
+                [p["tar"] for p in points],
+                label=f"{r.name} ({r.n_impostor} impostor pairs)",
+            )
             ax.axvline(1.0 / r.n_impostor, ls=":", lw=0.8, color=ax.lines[-1].get_color())
         ax.set_xscale("log")
         ax.set_xlabel("FAR (log); dotted: 1 / impostor pairs, the smallest measurable FAR")

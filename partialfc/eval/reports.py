@@ -65,8 +65,12 @@ class VerificationReport(Result):
     roc: RocCurve | None = field(default=None, repr=False)
 
     def to_dict(self):
-        out = super().to_dict()
-        out["roc"] = roc_points(self.roc) if self.roc is not None else None
+        roc, self.roc = self.roc, None  # the full curve can hold millions of points
+        try:
+            out = super().to_dict()
+        finally:
+            self.roc = roc
+        out["roc"] = roc_points(roc) if roc is not None else None
         return out
 
 
@@ -175,8 +179,15 @@ def identification_report(
     mated = MatedSearch(ranks=np.concatenate(ranks), mated_scores=np.concatenate(mated_scores))
     open_set = []
     nonmated = np.concatenate(nonmated_top) if nonmated_top else np.empty(0)
+    notes = list(notes)
     if nonmated.size:
         open_set = open_set_identification(mated, nonmated, target_fpirs=fpirs)
+        resolved = {p.target_fpir for p in open_set}
+        notes += [
+            f"FPIR = {f:g} not reported: only {nonmated.size} non-mated probes"
+            for f in fpirs
+            if float(f) not in resolved
+        ]
     return IdentificationReport(
         name=name,
         n_gallery_identities=int(np.unique(gallery_labels).size),
@@ -184,5 +195,5 @@ def identification_report(
         cmc=cmc_from_ranks(mated.ranks, max_rank=min(max_rank, np.unique(gallery_labels).size)),
         open_set=open_set,
         n_nonmated_probes=int(nonmated.size),
-        notes=list(notes),
+        notes=notes,
     )

@@ -27,12 +27,17 @@ def flip_horizontal(images: np.ndarray) -> np.ndarray:
 
 
 def embed_images(
-    embed_fn: EmbedFn, images: np.ndarray, flip: bool = False, batch_size: int = 256
+    embed_fn: EmbedFn,
+    images: np.ndarray,
+    flip: bool = False,
+    batch_size: int = 256,
+    normalize: bool = True,
 ) -> np.ndarray:
-    """L2-normalised embeddings ``(N, d)`` float32.
+    """Embeddings ``(N, d)`` float32, L2-normalised unless ``normalize=False``.
 
     With ``flip=True`` (the flip test) each embedding is ``normalize(e(x) + e(flip(x)))``,
-    i.e. the two raw embeddings are summed before normalising.
+    i.e. the two raw embeddings are summed before normalising. ``normalize=False`` keeps the
+    raw norm (a quality signal) for template pooling.
     """
     images = np.asarray(images)
     if images.dtype != np.uint8:
@@ -46,7 +51,8 @@ def embed_images(
         if flip:
             e = e + _call(embed_fn, np.ascontiguousarray(flip_horizontal(batch)))
         out.append(e)
-    return l2_normalize(np.concatenate(out))
+    out = np.concatenate(out)
+    return l2_normalize(out) if normalize else out
 
 
 def _call(embed_fn: EmbedFn, batch: np.ndarray) -> np.ndarray:

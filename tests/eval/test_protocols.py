@@ -51,7 +51,10 @@ def ijb_root(tmp_path):
     )
     _write(meta / "ijbc_template_pair_label.txt", "1 2 1\n1 3 0\n2 3 0\n")
     pts = "30.3 35.5 65.5 35.3 48.0 55.7 33.5 76.0 62.7 76.0"
-    _write(meta / "ijbc_name_5pts_score.txt", "".join(f"{i}.jpg {pts} 0.99\n" for i in range(1, 7)))
+    _write(
+        meta / "ijbc_name_5pts_score.txt",
+        "".join(f"{i}.jpg {pts} 0.{90 + i}\n" for i in range(1, 7)),
+    )
     _write(meta / "ijbc_1N_gallery_G1.csv", "TEMPLATE_ID,SUBJECT_ID,FILENAME\n1,100,a.jpg\n")
     _write(meta / "ijbc_1N_gallery_G2.csv", "TEMPLATE_ID,SUBJECT_ID,FILENAME\n3,300,b.jpg\n")
     _write(
@@ -115,6 +118,14 @@ def test_ijb_protocol_end_to_end_with_alignment(ijb_root, tmp_path):
     reports = Ijb(ijb_root, "IJBC", size=32, flip=True).run(pixel_embed)
     assert [r.name for r in reports] == ["ijbc_1to1", "ijbc_1toN_G1", "ijbc_1toN_G2"]
     assert reports[0].n_genuine + reports[0].n_impostor == 3
+    raw, tids, _ = Ijb(ijb_root, size=32, flip=True).embed_faces(pixel_embed)
+    weighted, _, _ = Ijb(ijb_root, size=32, weight_by_detector_score=True).embed_faces(pixel_embed)
+    assert tids.tolist() == [1, 1, 1, 2, 3, 3]
+    np.testing.assert_allclose(
+        np.linalg.norm(weighted, axis=1) / np.linalg.norm(raw, axis=1),
+        [0.91, 0.92, 0.93, 0.94, 0.95, 0.96],
+        rtol=1e-5,
+    )
 
 
 def test_verification_bin_protocol(tmp_path):

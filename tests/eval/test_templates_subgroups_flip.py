@@ -38,6 +38,8 @@ def test_flip_test_sums_raw_embeddings_before_normalising():
     out = embed_images(embed, images, flip=True, batch_size=1)
     np.testing.assert_allclose(out[0], np.array([12, 4]) / np.hypot(12, 4), rtol=1e-6)
     np.testing.assert_allclose(out[1], np.array([12, 4]) / np.hypot(12, 4), rtol=1e-6)
+    raw = embed_images(embed, images, flip=True, normalize=False)
+    np.testing.assert_allclose(raw[0], [12, 4])  # raw sum kept for template pooling
     plain = embed_images(embed, images)
     np.testing.assert_allclose(plain[0], np.array([5, 3]) / np.hypot(5, 3), rtol=1e-6)
     with pytest.raises(ValueError, match="uint8"):

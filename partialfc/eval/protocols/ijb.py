@@ -9,7 +9,9 @@ the InsightFace IJB evaluation package:
 * ``<n>_1N_gallery_G1.csv``, ``<n>_1N_gallery_G2.csv``, ``<n>_1N_probe_mixed.csv``: a header
   line, then ``TEMPLATE_ID,SUBJECT_ID,…`` per row.
 
-Templates are pooled by media (:func:`partialfc.eval.templates.pool_media_templates`). 1:N is
+Templates are pooled by media (:func:`partialfc.eval.templates.pool_media_templates`) from the
+raw (un-normalised) embeddings the embed function returns, optionally weighted by the
+detector score (as the InsightFace reference script does). 1:N is
 run for each gallery set: probes of enrolled subjects are mated (CMC, FNIR), the others are
 non-mated (they set the FPIR threshold).
 """
@@ -181,8 +183,10 @@ class Ijb(Protocol):
         flip: bool = True,
         batch_size: int = 256,
         fars=DEFAULT_FARS,
+        weight_by_detector_score: bool = False,
     ):
         self.root, self.name = Path(root), name
+        self.weight_by_detector_score = weight_by_detector_score
         self.size, self.flip, self.batch_size, self.fars = size, flip, batch_size, fars
         self.prefix = name.lower()
 
@@ -190,12 +194,13 @@ class Ijb(Protocol):
         return self.root / "meta" / f"{self.prefix}_{suffix}"
 
     def embed_faces(self, embed_fn: EmbedFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Aligned embeddings of every face in ``face_tid_mid`` order, with template/media ids."""
+        """Raw embeddings of every aligned face in ``face_tid_mid`` order (times the detector
+        score when ``weight_by_detector_score``), with template and media ids."""
         from partialfc.data.align import align_face
         from partialfc.data.decode import decode_image
 
         names, tids, mids = read_face_tid_mid(self._meta("face_tid_mid.txt"))
-        lm_names, landmarks, _ = read_landmarks(self._meta("name_5pts_score.txt"))
+        lm_names, landmarks, detector_scores = read_landmarks(self._meta("name_5pts_score.txt"))
         if lm_names != names:
             raise ValueError(
                 f"{self._meta('name_5pts_score.txt')}: image order differs from "
@@ -210,8 +215,13 @@ class Ijb(Protocol):
                 path = self.root / "loose_crop" / image_name
                 image = decode_image(path.read_bytes(), str(path))
                 faces.append(align_face(image, points, size=self.size))
-            out.append(embed_images(embed_fn, np.stack(faces), self.flip, self.batch_size))
-        return np.concatenate(out), tids, mids
+            out.append(
+                embed_images(embed_fn, np.stack(faces), self.flip, self.batch_size, normalize=False)
+            )
+        emb = np.concatenate(out)
+        if self.weight_by_detector_score:
+            emb = emb * detector_scores[:, None]
+        return emb, tids, mids
 
     def run(self, embed_fn: EmbedFn) -> list:
         emb, tids, mids = self.embed_faces(embed_fn)

@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
     from partialfc.deploy.embedder import Embedder
 
     embedder = Embedder.load(args.model)
+    # raw (un-normalised) embeddings: protocols normalise, templates pool raw vectors first
+    embed_fn = getattr(embedder, "embed_raw", embedder.embed)
     evaluate_model(
-        embedder.embed,
+        embed_fn,
         protocols,
         args.out,
         title=f"Evaluation of {args.model}",

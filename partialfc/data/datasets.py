@@ -78,6 +78,22 @@ class ArrayDataset(LabelledDataset):
         return to_chw_tensor(self.images[index])
 
 
+def read_file(path: str) -> bytes:
+    """Whole file as bytes via os.open/fstat/read (about half the cost of ``open().read()``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size)
+        while len(data) < size:  # short reads are allowed by POSIX
+            chunk = os.read(fd, size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
 class FileListDataset(LabelledDataset):
     """Images read from files: ``paths[i]`` with label ``labels[i]``.
 
@@ -107,14 +123,13 @@ class FileListDataset(LabelledDataset):
     def read(self, index: int) -> np.ndarray:
         path = self.paths[index]
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_file(path)
         except OSError as err:
             raise ValueError(f"{path}: cannot read image: {err.strerror or err}") from None
-        return decode_image(data, path, grayscale=self.grayscale)
+        return decode_image(data, path, grayscale=self.grayscale)  # path only used in errors
 
     def load(self, index: int) -> torch.Tensor:
-        return to_chw_tensor(self.read(index))
+        return to_chw_tensor(self.read(index), copy=False)  # fresh buffer: a view suffices
 
     def __getitem__(self, index: int):
         if self.on_error == "raise":

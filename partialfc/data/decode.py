@@ -1,7 +1,8 @@
 """Image bytes <-> RGB uint8 arrays, and arrays -> C×H×W uint8 tensors.
 
-Colour order: everything inside partialfc is RGB. OpenCV decodes to BGR, so
-:func:`decode_image` converts exactly once, here. InsightFace ``.rec``/``.bin`` files hold
+Colour order: everything inside partialfc is RGB. OpenCV decodes to BGR by default, so
+:func:`decode_image` asks it for RGB (``IMREAD_COLOR_RGB``) or converts once, here.
+InsightFace ``.rec``/``.bin`` files hold
 ordinary JPEG/PNG bytes (written by ``cv2.imencode`` from BGR arrays, which yields a standard,
 correctly coloured JPEG), so decoding them with this function gives the true RGB image.
 """
@@ -12,6 +13,9 @@ import cv2
 import numpy as np
 import torch
 
+# OpenCV >= 4.10 can decode straight to RGB (no extra pass); older versions convert after.
+_IMREAD_RGB = getattr(cv2, "IMREAD_COLOR_RGB", 0)
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".pgm", ".ppm", ".tif", ".tiff", ".webp")
 
 
@@ -21,11 +25,11 @@ def decode_image(data: bytes, source: str = "<bytes>", grayscale: bool = False) 
     Raises ValueError naming ``source`` when the bytes are not a decodable image.
     """
     buf = np.frombuffer(data, dtype=np.uint8)
-    flag = cv2.IMREAD_GRAYSCALE if grayscale else cv2.IMREAD_COLOR
+    flag = cv2.IMREAD_GRAYSCALE if grayscale else _IMREAD_RGB or cv2.IMREAD_COLOR
     image = cv2.imdecode(buf, flag) if buf.size else None
     if image is None:
         raise ValueError(f"{source}: not a decodable image ({len(data)} bytes)")
-    if grayscale:
+    if grayscale or _IMREAD_RGB:
         return image
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
@@ -57,8 +61,13 @@ def image_extension(data: bytes) -> str:
     return ".bin"
 
 
-def to_chw_tensor(image: np.ndarray) -> torch.Tensor:
-    """uint8 (H, W) or (H, W, C) array -> uint8 tensor (C, H, W) (contiguous, owns its memory)."""
-    if image.ndim == 2:
-        return torch.from_numpy(np.ascontiguousarray(image)).unsqueeze(0)
-    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+def to_chw_tensor(image: np.ndarray, copy: bool = True) -> torch.Tensor:
+    """uint8 (H, W) or (H, W, C) array -> uint8 tensor of shape (C, H, W).
+
+    ``copy=True``: a contiguous tensor that owns its memory. ``copy=False``: a permuted view of
+    ``image`` (channels-last strides), for freshly decoded buffers: the one transposing copy
+    then happens when the DataLoader stacks the batch (``torch.stack`` writes a contiguous
+    NCHW batch), which is about a third cheaper per image at 112x112 than copying here.
+    """
+    chw = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)  # numpy views: cheap
+    return torch.from_numpy(np.ascontiguousarray(chw) if copy else chw)

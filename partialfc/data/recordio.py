@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from partialfc.data.datasets import LabelledDataset, Transform
 from partialfc.data.decode import decode_image, to_chw_tensor
@@ -36,6 +35,7 @@ MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 _LREC = struct.Struct("<II")
 _IRHEADER = struct.Struct("<IfQQ")
+_FLAG_LABEL = struct.Struct("<If")
 _LENGTH_MASK = (1 << 29) - 1
 
 
@@ -64,16 +64,18 @@ def pack_record(header: IRHeader, data: bytes = b"") -> bytes:
     return head + vector.tobytes() + data
 
 
-def unpack_record(payload: bytes, source: str = "<record>") -> tuple[IRHeader, bytes]:
-    """Record payload -> (IRHeader, data); inverse of :func:`pack_record`."""
+def unpack_record(payload: bytes, source: str = "") -> tuple[IRHeader, bytes]:
+    """Record payload -> (IRHeader, data); inverse of :func:`pack_record`. ``source`` prefixes
+    error messages."""
+    prefix = f"{source}: " if source else ""
     if len(payload) < _IRHEADER.size:
-        raise RecordIOError(f"{source}: payload of {len(payload)} bytes is shorter than IRHeader")
+        raise RecordIOError(f"{prefix}payload of {len(payload)} bytes is shorter than IRHeader")
     flag, label, id_, id2 = _IRHEADER.unpack_from(payload)
     start = _IRHEADER.size
     if flag > 0:
         end = start + 4 * flag
         if end > len(payload):
-            raise RecordIOError(f"{source}: label vector of {flag} floats exceeds the payload")
+            raise RecordIOError(f"{prefix}label vector of {flag} floats exceeds the payload")
         label = np.frombuffer(payload, dtype="<f4", count=flag, offset=start).copy()
         start = end
     return IRHeader(flag, label, id_, id2), payload[start:]
@@ -119,6 +121,13 @@ def read_index(idx_path: str | os.PathLike) -> dict[int, int]:
     return index
 
 
+def _record_spans(index: dict[int, int], file_size: int) -> dict[int, int]:
+    """Bytes from each indexed offset to the next one (or the end of the file)."""
+    keys = sorted(index, key=index.__getitem__)
+    offsets = [index[k] for k in keys] + [file_size]
+    return {k: offsets[i + 1] - offsets[i] for i, k in enumerate(keys)}
+
+
 class RecordIOReader:
     """Random access (``read(key)``) and sequential scans (``scan()``) of a ``.rec`` file.
 
@@ -140,9 +149,11 @@ class RecordIOReader:
         self._fd = -1
         self._pid = -1
         self.index: dict[int, int] = {}
+        self._spans: dict[int, int] = {}
         if self.idx_path.is_file():
             self.index = read_index(self.idx_path)
             self._check_index()
+            self._spans = _record_spans(self.index, self.size)
         elif require_index:
             raise FileNotFoundError(
                 f"{self.idx_path}: index file not found for {self.rec_path}; pass idx_path=, or "
@@ -190,12 +201,20 @@ class RecordIOReader:
     def keys(self) -> list[int]:
         return list(self.index)
 
-    def read_at(self, offset: int, key: int | str = "?") -> tuple[bytes, int]:
-        """Read the record starting at ``offset`` -> (payload, offset of the next record)."""
+    def read_at(self, offset: int, key: int | str = "?", span: int = 0) -> tuple[bytes, int]:
+        """Read the record starting at ``offset`` -> (payload, offset of the next record).
+
+        ``span``: bytes known to belong to the record (from the ``.idx``); read in one call.
+        """
         parts = []
         pos = offset
+        buffer = self._pread(span, offset) if span > _LREC.size else b""
         while True:
-            head = self._pread(_LREC.size, pos)
+            local = pos - offset
+            if local + _LREC.size <= len(buffer):
+                head = buffer[local : local + _LREC.size]
+            else:
+                head = self._pread(_LREC.size, pos)
             where = f"{self.rec_path}: record id {key} at offset {pos}"
             if len(head) < _LREC.size:
                 raise RecordIOError(f"{where}: truncated (file ends inside the record header)")
@@ -203,7 +222,11 @@ class RecordIOReader:
             if magic != MAGIC:
                 raise RecordIOError(f"{where}: bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})")
             cflag, length = lrec >> 29, lrec & _LENGTH_MASK
-            data = self._pread(length, pos + _LREC.size) if length else b""
+            start = local + _LREC.size
+            if start + length <= len(buffer):
+                data = buffer[start : start + length]
+            else:
+                data = self._pread(length, pos + _LREC.size) if length else b""
             if len(data) < length:
                 raise RecordIOError(
                     f"{where}: truncated (needs {length} bytes, file has {len(data)} left)"
@@ -221,7 +244,14 @@ class RecordIOReader:
             offset = self.index[key]
         except KeyError:
             raise RecordIOError(f"{self.idx_path}: no record id {key}") from None
-        return self.read_at(offset, key)[0]
+        span = self._spans.get(key, 0)
+        if span > _LREC.size:  # fast path: one pread, one whole (cflag 0) record
+            buffer = self._pread(span, offset)
+            magic, lrec = _LREC.unpack_from(buffer)
+            length = lrec & _LENGTH_MASK
+            if magic == MAGIC and lrec >> 29 == 0 and _LREC.size + length <= len(buffer):
+                return buffer[_LREC.size : _LREC.size + length]
+        return self.read_at(offset, key, span)[0]
 
     def scan(self) -> Iterator[tuple[int, bytes]]:
         """Sequential pass over the file: yields (offset, payload) for every record."""
@@ -355,6 +385,7 @@ class RecordIODataset(LabelledDataset):
         self.reader = RecordIOReader(rec_path, idx_path)
         self.layout = read_layout(self.reader)
         self.keys = self.layout.image_keys
+        self._key_list = self.keys.tolist()  # plain ints: faster per-item indexing
         self.transform = transform
         self.on_error = on_error
         self.grayscale = grayscale
@@ -382,30 +413,39 @@ class RecordIODataset(LabelledDataset):
             self._labels = labels
         return self._labels
 
-    def _read(self, key: int) -> tuple[int, bytes]:
+    def _where(self, key: int) -> str:
         offset = self.reader.index.get(key, -1)
+        return f"{self.reader.rec_path}: record id {key} at offset {offset}"
+
+    def _read(self, key: int) -> tuple[int, bytes]:
+        """(label, encoded image bytes) of record ``key``."""
         payload = self.reader.read(key)
-        where = f"{self.reader.rec_path}: record id {key} at offset {offset}"
-        header, data = unpack_record(payload, where)
+        if len(payload) >= _IRHEADER.size:  # fast path: scalar label (image records)
+            flag, label = _FLAG_LABEL.unpack_from(payload)
+            if flag == 0:
+                return int(label), payload[_IRHEADER.size :]
+        try:
+            header, data = unpack_record(payload)
+        except RecordIOError as err:
+            raise RecordIOError(f"{self._where(key)}: {err}") from None
         label = header.label if header.flag == 0 else header.label[0]
         return int(label), data
 
     def _load_item(self, index: int):
-        key = int(self.keys[index])
+        key = self._key_list[index]
         label, data = self._read(key)
-        where = f"{self.reader.rec_path}: record id {key} at offset {self.reader.index[key]}"
         try:
-            image = to_chw_tensor(decode_image(data, where, grayscale=self.grayscale))
+            image = to_chw_tensor(decode_image(data, grayscale=self.grayscale), copy=False)
         except ValueError as err:
-            raise RecordIOError(str(err)) from None
+            raise RecordIOError(f"{self._where(key)}: {err}") from None
         if self.transform is not None:
             image = self.transform(image)
         return (image, label, index) if self.return_index else (image, label)
 
     def __getitem__(self, index: int):
-        index = int(index)
         if self.on_error == "raise":
             return self._load_item(index)
+        index = int(index)
         for attempt in range(len(self)):
             candidate = (index + attempt) % len(self)
             try:
@@ -423,8 +463,3 @@ class RecordIODataset(LabelledDataset):
             except RecordIOError as err:
                 bad.append((int(key), str(err)))
         return bad
-
-
-def load_uint8_tensor(data: bytes, source: str) -> torch.Tensor:
-    """Decode encoded image bytes straight to a uint8 RGB tensor (3, H, W)."""
-    return to_chw_tensor(decode_image(data, source))

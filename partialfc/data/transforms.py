@@ -136,3 +136,22 @@ class RandomAffine:
         grid = F.affine_grid(theta.unsqueeze(0), list(x.shape), align_corners=False)
         out = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         return _to_uint8(out.squeeze(0))
+
+
+def collate_images(batch: list[tuple]) -> tuple[torch.Tensor, ...]:
+    """DataLoader ``collate_fn`` for ``(image, label[, index])`` samples that keeps pixels in
+    channels-last memory: images come back as uint8 (B, C, H, W) with
+    ``memory_format=torch.channels_last`` (one plain copy per image instead of a transposing
+    copy; convolutions accept it directly, call ``.contiguous()`` for NCHW memory); labels and
+    indices as int64 tensors."""
+    images = [sample[0] for sample in batch]
+    hwc = [image.permute(1, 2, 0) for image in images]
+    if all(view.is_contiguous() for view in hwc):
+        stacked = torch.stack(hwc).permute(0, 3, 1, 2)
+    else:
+        stacked = torch.stack(images).contiguous(memory_format=torch.channels_last)
+    rest = [
+        torch.as_tensor([sample[i] for sample in batch], dtype=torch.int64)
+        for i in range(1, len(batch[0]))
+    ]
+    return (stacked, *rest)

@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -49,7 +50,6 @@ from partialfc.classifier.collectives import (
     all_gather_rows_no_grad,
     all_gather_sizes,
     all_reduce_max,
-    all_reduce_sum_identity_backward,
     world_info,
 )
 from partialfc.classifier.sampling import (
@@ -116,31 +116,109 @@ class ActiveRows:
     extras: dict = field(default_factory=dict)
 
 
-class _ActiveCosine(torch.autograd.Function):
-    """``cos = x_hat @ (w / |w|)^T`` with the center gradient written into a reused buffer."""
+class _ShardedMarginSoftmax(torch.autograd.Function):
+    """Per-row loss ``log S_i + m_i - t_i`` of the exact softmax over all ranks' active rows.
+
+    Fused so that the ``(B, n)`` logits live in one reused buffer and are touched a handful of
+    times: ``logits = s * (x @ w^T) / |w|`` (GEMM + one scaling pass), the margin on the B
+    target logits (the margin module itself, on a ``(B, 1)`` slice: its non-target output is
+    ``s * cos`` by contract), PFC* masking, all-reduced row max, ``exp`` in place, all-reduced
+    row sum. Backward rebuilds ``dL/dcos`` in the same buffer
+    (``s * p_ij * g_i``; ``(p_it - 1) g_i f'(cos_it)`` at the target) and runs two GEMMs:
+    ``dL/dx = q @ w`` and ``dL/dw_j = inv_j (G_j - (G_j . u_j) u_j)``, ``G = q^T x``.
+    The center gradient goes to ``record.grad`` (sparse mode) or is returned (dense mode).
+    """
 
     @staticmethod
-    def forward(ctx, x_hat: Tensor, weight: Tensor, record: ActiveRows) -> Tensor:
-        inv_norm = weight.norm(dim=1).clamp_min(1e-12).reciprocal_()
-        cos = torch.mm(x_hat, weight.t()).mul_(inv_norm)
-        ctx.save_for_backward(x_hat, weight, inv_norm)
-        ctx.record = record
-        return cos
+    def forward(ctx, x, w, plan):
+        k = plan.num_subcenters
+        scale = float(plan.margin.scale)
+        inv_norm = w.norm(dim=1).clamp_min(1e-12).reciprocal_()
+        logits = plan.logits_buffer.get(x.shape[0], w.shape[0])
+        torch.mm(x, w.t(), out=logits)
+        logits.mul_(inv_norm * scale)  # s * cos
+        argmax = None
+        if k > 1:
+            logits, argmax = max_over_subcenters(logits, k)  # (B, n/K), fresh tensor
+        rows = plan.local_rows
+        col = plan.target_col[rows]
+        with torch.enable_grad():
+            target_cos = (logits[rows, col] / scale).detach().requires_grad_(True)
+            target_col = torch.zeros_like(col)
+            target_logit = plan.margin(target_cos.unsqueeze(1), target_col).squeeze(1)
+        if plan.negative_cos_threshold is not None:
+            logits.masked_fill_(logits > plan.negative_cos_threshold * scale, -math.inf)
+        logits[rows, col] = target_logit.detach()
+        row_max = all_reduce_max(logits.max(dim=1).values, plan.process_group)
+        exp = logits.sub_(row_max.unsqueeze(1)).exp_()  # in place: the buffer now holds exp
+        sum_exp = exp.sum(dim=1)
+        target = torch.zeros_like(sum_exp)
+        target[rows] = target_logit.detach()
+        if plan.world_size > 1:
+            stacked = torch.stack([sum_exp, target])
+            dist.all_reduce(stacked, group=plan.process_group)
+            sum_exp, target = stacked[0], stacked[1]
+        ctx.save_for_backward(x, w, inv_norm, sum_exp)
+        ctx.exp, ctx.argmax, ctx.plan = exp, argmax, plan
+        ctx.target_cos, ctx.target_logit, ctx.generation = target_cos, target_logit, plan.generation
+        return torch.log(sum_exp) + row_max - target
 
     @staticmethod
-    def backward(ctx, grad_cos: Tensor):
-        x_hat, weight, inv_norm = ctx.saved_tensors
-        record: ActiveRows = ctx.record
-        scaled = grad_cos * inv_norm  # d loss / d (x . w) per column
-        grad_x = torch.mm(scaled, weight) if ctx.needs_input_grad[0] else None
-        # d/dw_j [x.w_j / |w_j|] = (x - cos * u_j) / |w_j|, summed over the batch:
-        # g_j = inv_j * (G_j - (G_j . u_j) u_j) with G = grad_cos^T x
-        g = record.grad
-        torch.mm(grad_cos.t(), x_hat, out=g)
-        along = (g * weight).sum(dim=1).mul_(inv_norm * inv_norm)
-        g.addcmul_(weight, along.unsqueeze(1), value=-1.0).mul_(inv_norm.unsqueeze(1))
-        record.grad_ready = True
-        return grad_x, None, None
+    def backward(ctx, grad_rows):
+        x, w, inv_norm, sum_exp = ctx.saved_tensors
+        plan = ctx.plan
+        if plan.owner.generation != ctx.generation:
+            raise RuntimeError(
+                "PartialFC: backward through a stale forward (another forward reused the "
+                "logits buffer); call backward before the next forward"
+            )
+        scale = float(plan.margin.scale)
+        rows = plan.local_rows
+        col = plan.target_col[rows]
+        q = ctx.exp  # (B, A) exp(l - m), becomes dL/dcos in place
+        coef = grad_rows / sum_exp
+        p_target = q[rows, col] * coef[rows]  # g_i * p_it
+        q.mul_((coef * scale).unsqueeze(1))  # s * g_i * p_ij
+        (d_target_cos,) = torch.autograd.grad(
+            ctx.target_logit, ctx.target_cos, p_target - grad_rows[rows]
+        )
+        q[rows, col] = d_target_cos
+        if ctx.argmax is not None:
+            k = plan.num_subcenters
+            full = q.new_zeros(q.shape[0], q.shape[1] * k)
+            full.view(q.shape[0], q.shape[1], k).scatter_(
+                2, ctx.argmax.unsqueeze(2), q.unsqueeze(2)
+            )
+            q = full
+        q.mul_(inv_norm)  # dL/d(x . w_j)
+        grad_x = torch.mm(q, w) if ctx.needs_input_grad[0] else None
+        record = plan.record
+        g = record.grad if record is not None else torch.empty_like(w)
+        torch.mm(q.t(), x, out=g)  # G'_j = inv_j G_j
+        along = torch.bmm(g.unsqueeze(1), w.unsqueeze(2)).view(-1).mul_(inv_norm * inv_norm)
+        g.addcmul_(w, along.unsqueeze(1), value=-1.0)
+        ctx.exp = ctx.argmax = None
+        if record is not None:
+            record.grad_ready = True
+            return grad_x, None, None
+        return grad_x, g, None
+
+
+@dataclass
+class _StepPlan:
+    """Everything one forward decided, passed into the fused softmax."""
+
+    owner: PartialFC
+    generation: int
+    margin: CombinedMargin
+    num_subcenters: int
+    negative_cos_threshold: float | None
+    local_rows: Tensor  # global-batch rows whose class is in this rank's active set
+    target_col: Tensor  # (B,) column of each row's class among the active classes, or -1
+    logits_buffer: ReusableBuffer
+    record: ActiveRows | None
+    process_group: object
+    world_size: int
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -259,6 +337,8 @@ class PartialFC(nn.Module):
         del init
         self._weight_buffer = ReusableBuffer(self.device)
         self._grad_buffer = ReusableBuffer(self.device)
+        self._logits_buffer = ReusableBuffer(self.device)
+        self.generation = 0  # bumped by every forward; a stale graph refuses to backward
         self._active: ActiveRows | None = None
 
     # ------------------------------------------------------------------ the handshake
@@ -348,38 +428,32 @@ class PartialFC(nn.Module):
         active = self._select_active_classes(labels_all)
         k = self.num_subcenters
         rows = (active.unsqueeze(1) * k + torch.arange(k, device=active.device)).reshape(-1)
-        record = None
-        if self.update == "dense":
-            w = self.weight.index_select(0, rows)
-            cos = F.linear(x_all, F.normalize(w, dim=1))
-        else:
-            w = self.centers.read(rows, self._weight_buffer).detach().requires_grad_(True)
-            grad = self._grad_buffer.get(*w.shape)
-            record = ActiveRows(self.sampling_step, rows, w, grad)
-            cos = _ActiveCosine.apply(x_all, w, record)
-        if k > 1:
-            cos, _ = max_over_subcenters(cos, k)
-
         start, stop = self.block.start, self.block.stop
         is_local = (labels_all >= start) & (labels_all < stop)
         col = torch.searchsorted(active, (labels_all - start).clamp(0, max(stop - start - 1, 0)))
         target_col = torch.where(is_local, col, torch.full_like(col, -1))
 
-        logits = self.margin(cos, target_col)
-        if self.negative_cos_threshold is not None:
-            drop = cos.detach() > self.negative_cos_threshold
-            if bool(is_local.any()):
-                own = torch.nonzero(is_local).squeeze(1)
-                drop[own, target_col[own]] = False
-            logits = logits.masked_fill(drop, -math.inf)
-
-        row_max = all_reduce_max(logits.detach().max(dim=1).values, self.process_group)
-        sum_exp = torch.exp(logits - row_max.unsqueeze(1)).sum(dim=1)
-        sum_exp = all_reduce_sum_identity_backward(sum_exp, self.process_group)
-        target = logits.gather(1, target_col.clamp_min(0).unsqueeze(1)).squeeze(1)
-        target = torch.where(is_local, target, torch.zeros_like(target))
-        target = all_reduce_sum_identity_backward(target, self.process_group)
-        loss = (torch.log(sum_exp) + row_max - target).mean()
+        record = None
+        if self.update == "dense":
+            w = self.weight.index_select(0, rows)
+        else:
+            w = self.centers.read(rows, self._weight_buffer).detach().requires_grad_(True)
+            record = ActiveRows(self.sampling_step, rows, w, self._grad_buffer.get(*w.shape))
+        self.generation += 1
+        plan = _StepPlan(
+            owner=self,
+            generation=self.generation,
+            margin=self.margin,
+            num_subcenters=k,
+            negative_cos_threshold=self.negative_cos_threshold,
+            local_rows=torch.nonzero(is_local).squeeze(1),
+            target_col=target_col,
+            logits_buffer=self._logits_buffer,
+            record=record,
+            process_group=self.process_group,
+            world_size=self.world_size,
+        )
+        loss = _ShardedMarginSoftmax.apply(x_all, w, plan).mean()
 
         if record is not None and torch.is_grad_enabled():
             if self._active is not None and self._active.grad_ready:

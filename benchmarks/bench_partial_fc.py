@@ -1,0 +1,235 @@
+"""Partial FC layer benchmark: step time (forward + backward + optimizer) and peak memory.
+
+Each configuration runs in a fresh subprocess so that its peak resident memory (``ru_maxrss``)
+belongs to it alone. The layer's memory is ``peak RSS - RSS before the layer was built``; the
+reference is the persistent state (centers + optimizer state). The speed limit is the bare
+float32 GEMM time of the active rows (three GEMMs: logits, embedding grad, center grad) with
+the same thread count; ``ratio_to_gemm = step_s / gemm_s``.
+
+    python benchmarks/bench_partial_fc.py --out benchmarks/results/partial_fc.json
+    python benchmarks/bench_partial_fc.py --preset quick          # seconds, smoke check
+    python benchmarks/bench_partial_fc.py --preset ten-million    # one 10^7-class run (~12 GB)
+
+Output: JSON with the machine facts and one record per configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+PRESETS = {
+    "quick": [
+        dict(num_classes=10_000, batch=128, rate=0.1, world=1, update="sparse", steps=3),
+        dict(num_classes=10_000, batch=128, rate=0.1, world=2, update="sparse", steps=3),
+    ],
+    "default": [
+        *[
+            dict(num_classes=c, batch=256, rate=r, world=1, update=u, steps=s)
+            for c, s in ((10_000, 20), (100_000, 8), (1_000_000, 4))
+            for r in (0.1, 0.3, 1.0)
+            for u in ("sparse", "dense")
+        ],
+        dict(num_classes=1_000_000, batch=128, rate=0.1, world=1, update="sparse", steps=4),
+        dict(num_classes=1_000_000, batch=512, rate=0.1, world=1, update="sparse", steps=4),
+        dict(num_classes=1_000_000, batch=256, rate=0.1, world=1, update="sparse", steps=4,
+             storage_dtype="bfloat16"),  # fmt: skip
+        dict(num_classes=100_000, batch=256, rate=0.1, world=2, update="sparse", steps=6),
+        dict(num_classes=1_000_000, batch=256, rate=0.1, world=2, update="sparse", steps=4),
+        dict(num_classes=100_000, batch=256, rate=0.1, world=4, update="sparse", steps=4),
+    ],
+    "ten-million": [
+        dict(num_classes=10_000_000, batch=128, rate=0.1, world=1, update="sparse", steps=3,
+             storage_dtype="bfloat16"),  # fmt: skip
+    ],
+}
+DIM = 512
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _gemm_seconds(batch: int, active_rows: int, repeats: int = 3) -> float:
+    """Bare float32 time of the three GEMMs of one step over ``active_rows`` centers."""
+    import torch
+
+    x = torch.randn(batch, DIM)
+    w = torch.randn(active_rows, DIM)
+    g = torch.empty(batch, active_rows)
+    gx = torch.empty(batch, DIM)
+    gw = torch.empty(active_rows, DIM)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(x, w.t(), out=g)
+        torch.mm(g, w, out=gx)
+        torch.mm(g.t(), x, out=gw)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cfg["threads"])
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=600))  # fmt: skip
+    from partialfc.classifier import PartialFC, RowSparseSGD
+    from partialfc.losses.margins import ArcFaceMargin
+
+    dtype = getattr(torch, cfg.get("storage_dtype", "float32"))
+    local_batch = cfg["batch"] // world + (1 if rank < cfg["batch"] % world else 0)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(local_batch, DIM, generator=gen, requires_grad=True)
+    y = torch.randint(0, cfg["num_classes"], (local_batch,), generator=gen)
+    base_rss = _rss_bytes()
+    pfc = PartialFC(cfg["num_classes"], DIM, ArcFaceMargin(), sample_rate=cfg["rate"],
+                    update=cfg["update"], storage_dtype=dtype, seed=0)  # fmt: skip
+    if cfg["update"] == "sparse":
+        opt = RowSparseSGD(pfc, lr=0.1, momentum=cfg.get("momentum", 0.9), weight_decay=5e-4)
+        state_bytes = pfc.centers.nbytes() + sum(t.nbytes() for t in opt.tables.values())
+    else:
+        opt = torch.optim.SGD(pfc.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+        state_bytes = 2 * pfc.weight.numel() * 4  # weights + momentum (the dense grad is extra)
+    built_rss = _rss_bytes()
+    times = []
+    for step in range(cfg["steps"] + 1):
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        loss = pfc(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        x.grad = None
+        if world > 1:
+            dist.barrier()
+        if step > 0:  # step 0 warms up (first touch of buffers, lazy optimizer state)
+            times.append(time.perf_counter() - t0)
+    active = pfc.budget * pfc.num_subcenters
+    result = dict(
+        rank=rank,
+        step_s=sorted(times)[len(times) // 2],
+        loss=float(loss),
+        active_rows_per_rank=active,
+        state_bytes=state_bytes,
+        layer_peak_bytes=_peak_rss_bytes() - base_rss,
+        build_bytes=built_rss - base_rss,
+        peak_rss_bytes=_peak_rss_bytes(),
+    )
+    if rank == 0:
+        result["gemm_s"] = _gemm_seconds(cfg["batch"], active)
+    if world > 1:
+        dist.destroy_process_group()
+    queue.put(result) if queue is not None else print(json.dumps(result))
+
+
+def _worker(cfg: dict) -> dict:
+    world = cfg["world"]
+    if world == 1:
+        import queue as q
+
+        box = q.Queue()
+        _rank_body(0, 1, cfg, None, box)
+        return box.get()
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    box = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = os.path.join(tmp, "rdv")
+        procs = [ctx.Process(target=_rank_body, args=(r, world, cfg, init, box))
+                 for r in range(world)]  # fmt: skip
+        for p in procs:
+            p.start()
+        results = sorted((box.get(timeout=1800) for _ in procs), key=lambda r: r["rank"])
+        for p in procs:
+            p.join()
+    first = dict(results[0])
+    first["step_s"] = max(r["step_s"] for r in results)
+    first["layer_peak_bytes"] = max(r["layer_peak_bytes"] for r in results)
+    first["state_bytes"] = max(r["state_bytes"] for r in results)
+    return first
+
+
+def _summarise(cfg: dict, res: dict) -> dict:
+    out = dict(cfg)
+    out.update(
+        step_ms=round(res["step_s"] * 1e3, 2),
+        gemm_limit_ms=round(res["gemm_s"] * 1e3, 2),
+        ratio_to_gemm=round(res["step_s"] / res["gemm_s"], 2),
+        active_rows_per_rank=res["active_rows_per_rank"],
+        state_gb=round(res["state_bytes"] / 1e9, 3),
+        layer_peak_gb=round(res["layer_peak_bytes"] / 1e9, 3),
+        peak_over_state=round(res["layer_peak_bytes"] / res["state_bytes"], 3),
+        process_peak_rss_gb=round(res["peak_rss_bytes"] / 1e9, 3),
+        state_bytes_per_class=round(res["state_bytes"] * cfg["world"] / cfg["num_classes"], 1),
+        loss=round(res["loss"], 4),
+    )
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(_worker(json.loads(args.worker))))
+        return 0
+    records = []
+    for cfg in PRESETS[args.preset]:
+        cfg = dict(cfg, threads=max(1, args.threads // cfg["world"]))
+        proc = subprocess.run(
+            [sys.executable, __file__, "--worker", json.dumps(cfg)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            rec = dict(cfg, error=proc.stderr.strip().splitlines()[-1:] or ["no output"])
+        else:
+            rec = _summarise(cfg, json.loads(lines[-1][len("RESULT ") :]))
+        records.append(rec)
+        print(json.dumps(rec), file=sys.stderr, flush=True)
+    report = dict(
+        benchmark="partial_fc_layer",
+        embedding_dim=DIM,
+        machine=dict(platform=platform.platform(), cpus=os.cpu_count(), threads=args.threads),
+        notes=(
+            "step = forward + backward + optimizer (median of timed steps after one warm-up); "
+            "gemm_limit = bare fp32 time of the 3 GEMMs over the active rows; layer_peak = "
+            "peak RSS - RSS before building the layer; state = centers + optimizer state"
+        ),
+        results=records,
+    )
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, args.out)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Training checkpoints: atomic directories, the last K kept, loaded without unpickling.
+
+A checkpoint is a directory ``<run>/checkpoints/step-00001234/`` holding
+
+* ``backbone.safetensors``  backbone weights (what deployment needs), with
+  ``model.json``            ``{"name": ..., "kwargs": {...}}`` to rebuild the backbone;
+* ``head/``                 the Partial FC center shards and their optimizer state
+                            (written by :mod:`partialfc.classifier`, reshardable);
+* ``trainer.pt``            backbone optimizer, LR step, grad scaler, sampler position, progress
+                            (tensors and plain containers only: read with ``weights_only=True``);
+* ``rng-rank<r>.pt``        each rank's RNG states (python, numpy, torch, cuda);
+* ``meta.json``             step, epoch, world size, the resolved config.
+
+The directory is written under a temporary name and renamed into place, so a crash never leaves
+a half-written checkpoint under a real name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same directory + ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def safe_torch_load(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` with an error that names the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file missing: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - re-raised with the file name
+        raise ValueError(f"cannot read checkpoint file {path}: {err}") from err
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """Complete checkpoints in ``checkpoint_dir``, oldest first."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return []
+    found = [p for p in checkpoint_dir.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+
+
+def prune_checkpoints(checkpoint_dir: Path, keep_last: int) -> None:
+    for old in list_checkpoints(checkpoint_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- RNG states
+
+
+def capture_rng_state() -> dict:
+    """RNG states as tensors / plain values (loadable with ``weights_only=True``)."""
+    py_version, py_state, py_gauss = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [
+            np_kind,
+            torch.from_numpy(np_keys.astype(np.int64)),
+            np_pos,
+            np_has_gauss,
+            np_gauss,
+        ],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    py_version, py_state, py_gauss = state["python"]
+    random.setstate((py_version, tuple(py_state), py_gauss))
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = state["numpy"]
+    np.random.set_state(
+        (np_kind, np_keys.numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss)
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ---------------------------------------------------------------------- backbone
+
+
+def save_backbone(backbone: nn.Module, model_config: dict, directory: Path) -> None:
+    """``backbone.safetensors`` + ``model.json`` in ``directory``."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
+    tmp = directory / ".backbone.safetensors.tmp"
+    save_file(state, str(tmp))
+    os.replace(tmp, directory / "backbone.safetensors")
+    atomic_write_bytes(directory / "model.json", json.dumps(model_config, indent=2).encode())
+
+
+def read_model_config(checkpoint: str | Path) -> dict:
+    path = Path(checkpoint) / "model.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{checkpoint}: not a partialfc checkpoint (no model.json)")
+    config = json.loads(path.read_text())
+    if not isinstance(config, dict) or "name" not in config or "kwargs" not in config:
+        raise ValueError(f"{path}: expected {{'name': ..., 'kwargs': {{...}}}}, got {config!r}")
+    return config
+
+
+def load_backbone_state(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = Path(checkpoint) / "backbone.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{checkpoint}: no backbone.safetensors")
+    return load_file(str(path))
+
+
+def load_backbone_from_checkpoint(path: str | Path) -> tuple[nn.Module, dict]:
+    """Rebuild the backbone of a training checkpoint: ``(module in eval mode, model_config)``.
+
+    ``path`` is a checkpoint directory (``.../checkpoints/step-...``) or a run folder (its newest
+    checkpoint is used). ``model_config`` is ``{"name": ..., "kwargs": {...}}`` such that
+    ``partialfc.train.builders.build_backbone_from_model_config(model_config)`` rebuilds it.
+    """
+    from partialfc.train.builders import build_backbone_from_model_config
+
+    path = Path(path)
+    if not (path / "model.json").is_file():
+        found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
+        if not found:
+            raise FileNotFoundError(f"{path}: no checkpoint (model.json) found")
+        path = found[-1]
+    model_config = read_model_config(path)
+    backbone = build_backbone_from_model_config(model_config)
+    state = load_backbone_state(path)
+    missing, unexpected = backbone.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: backbone weights do not match {model_config['name']}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return backbone.eval(), model_config
+
+
+def resolve_checkpoint(spec: str, run_dir: Path) -> Path | None:
+    """``"auto"`` → newest checkpoint of this run (or None); otherwise the given directory."""
+    if spec == "auto":
+        found = list_checkpoints(run_dir / "checkpoints")
+        return found[-1] if found else None
+    path = Path(spec)
+    if not (path / "meta.json").is_file():
+        found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
+        if not found:
+            raise FileNotFoundError(f"checkpoint.resume={spec!r}: no checkpoint there")
+        path = found[-1]
+    return path

@@ -1,0 +1,361 @@
+"""Typed training configuration: dataclasses loaded from YAML, overridable from the command line.
+
+A config file is a nested mapping whose sections and keys are exactly the fields below; an
+unknown key is an error that names it (with close matches), and every value is type-checked::
+
+    cfg = load_config("configs/omniglot_cpu.yaml", overrides=["train.epochs=3", "optim.lr=0.05"])
+
+Overrides are ``dotted.key=value`` strings (``partialfc train --set train.epochs=3``); the value
+is parsed as YAML, so ``null``, ``true``, ``[8, 14]`` and ``{embedding_dim: 128}`` work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+
+@dataclass
+class ModelConfig:
+    """Backbone: a model of ``partialfc.models`` by name, built with ``kwargs``."""
+
+    name: str = "iresnet50"
+    embedding_dim: int = 512
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
+class AugmentConfig:
+    """Training-time augmentation, applied in the DataLoader workers."""
+
+    hflip: bool = True
+    crop_padding: int = 0  # random crop after zero-padding by this many pixels (0 = off)
+    max_rotation_deg: float = 0.0  # random affine: rotation in degrees (0 = off)
+    max_shift_frac: float = 0.0  # random affine: translation as a fraction of the side
+    max_scale_delta: float = 0.0  # random affine: scale in [1 - d, 1 + d]
+    color_jitter: float = 0.0  # brightness/contrast jitter strength (0 = off)
+
+
+@dataclass
+class DataConfig:
+    """Training set. ``source`` is ``omniglot`` (bundled), ``recordio``, ``folder`` or ``npz``."""
+
+    source: str = "recordio"
+    path: str = ""  # .rec file, image folder or .npz, as ``source`` requires
+    input_size: int = 112
+    batch_size: int = 128  # per rank
+    num_workers: int = 2
+    drop_last: bool = True
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+
+@dataclass
+class MarginConfig:
+    """Combined margin ``cos(m1·θ + m2) − m3`` at scale ``s`` (radians; ArcFace: m2_rad=0.5)."""
+
+    m1: float = 1.0
+    m2_rad: float = 0.5
+    m3: float = 0.0
+    scale: float = 64.0
+    easy_margin: bool = False
+    # margin warm-up: train with zero margin for ``warmup_steps``, then ramp linearly to the
+    # target over ``ramp_steps`` (both 0 = the margin from the first step)
+    warmup_steps: int = 0
+    ramp_steps: int = 0
+
+
+@dataclass
+class HeadConfig:
+    """The Partial FC classifier over all training classes."""
+
+    num_classes: int = 0  # 0 = take it from the dataset
+    sample_rate: float = 1.0
+    num_subcenters: int = 1
+    negative_cos_threshold: float | None = None  # PFC* filter (paper: 0.4); None = off
+    storage_dtype: str = "float32"
+    storage_device: str = "compute"  # "compute" or "cpu"
+    margin: MarginConfig = field(default_factory=MarginConfig)
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer of backbone and head. ``name``: ``sgd`` or ``adamw``."""
+
+    name: str = "sgd"
+    lr: float = 0.1
+    head_lr: float | None = None  # None = same as lr
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    grad_clip_norm: float | None = 5.0  # backbone gradient norm clip; None = off
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning rate per step: linear warm-up, then ``poly`` decay or ``step`` drops."""
+
+    kind: str = "poly"  # "poly" | "step" | "constant"
+    warmup_epochs: float = 0.0
+    power: float = 2.0  # poly: lr = base · (1 − progress)^power
+    milestones: list[float] = field(default_factory=list)  # step: epochs where lr ÷= 1/gamma
+    gamma: float = 0.1
+
+
+@dataclass
+class TrainConfig:
+    """The loop."""
+
+    epochs: float = 20.0
+    seed: int = 0
+    precision: str = "auto"  # "auto" (bf16 on CPU, fp16 on GPU), "fp32", "bf16", "fp16"
+    device: str = "auto"  # "auto", "cpu" or "cuda"
+    max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
+    log_every: int = 50
+    diagnostics_every: int = 200  # APCS / AMNCS / MICS; 0 = off
+    num_threads: int = 0  # torch intra-op threads per process; 0 = leave torch's default
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 2000  # 0 = only at epoch ends
+    at_epoch_end: bool = True
+    keep_last: int = 3
+    resume: str | None = None  # a checkpoint dir, or "auto" = the newest in the run folder
+    init_from: str | None = None  # fine-tune: load only the backbone from this checkpoint
+
+
+@dataclass
+class EvalConfig:
+    """Verification sets (names understood by ``partialfc.eval``)."""
+
+    protocols: list[str] = field(default_factory=list)
+    every_steps: int = 0  # periodic verification; 0 = only at the end
+    at_end: bool = True
+    batch_size: int = 256
+    flip_test: bool = False
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs"
+    name: str = "run"  # the run folder is output_dir/name
+    progress: bool = True
+    tensorboard: bool = False
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+def _suggest(key: str, choices) -> str:
+    close = difflib.get_close_matches(key, list(choices), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _is_optional(tp) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return True, args[0]
+    return False, tp
+
+
+def _coerce(value: Any, tp, where: str):
+    optional, inner = _is_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where}: null is not allowed (expected {_type_name(inner)})")
+    origin = typing.get_origin(inner)
+    if inner is bool:
+        if isinstance(value, bool):
+            return value
+    elif inner is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif inner is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif inner is str:
+        if isinstance(value, str):
+            return value
+    elif inner is dict or origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+    elif inner is list or origin is list:
+        if isinstance(value, (list, tuple)):
+            (item_tp,) = typing.get_args(inner) or (Any,)
+            if item_tp is Any:
+                return list(value)
+            return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            raise ConfigError(f"unknown config key {path!r}{_suggest(str(key), names)}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value if value is not None else {}, path)
+        else:
+            kwargs[key] = _coerce(value, tp, path)
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict, source: str = "config") -> Config:
+    """Build a :class:`Config` from a nested mapping; missing keys take the defaults."""
+    try:
+        return _build(Config, data or {}, "")
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(data: dict, dotted: str, value: Any, source: str) -> None:
+    keys = dotted.split(".")
+    cls = Config
+    node = data
+    for i, key in enumerate(keys):
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(
+                f"{source}: {'.'.join(keys[:i])!r} is a value, not a section (in {dotted!r})"
+            )
+        names = [f.name for f in dataclasses.fields(cls)]
+        if key not in names:
+            where = ".".join(keys[: i + 1])
+            raise ConfigError(f"{source}: unknown config key {where!r}{_suggest(key, names)}")
+        tp = _hints(cls)[key]
+        if i == len(keys) - 1:
+            node[key] = value
+        else:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = {}
+                node[key] = child
+            node, cls = child, tp
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``dotted.key=value`` strings (values parsed as YAML) to a nested mapping in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. train.epochs=3")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({err})") from None
+        _set_dotted(data, key.strip(), value, f"override {item!r}")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
+    data: dict = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    apply_overrides(data, list(overrides or []))
+    return validate(config_from_dict(data, source))
+
+
+_CHOICES = {
+    "schedule.kind": ("poly", "step", "constant"),
+    "optim.name": ("sgd", "adamw"),
+    "train.precision": ("auto", "fp32", "bf16", "fp16"),
+    "train.device": ("auto", "cpu", "cuda"),
+    "data.source": ("omniglot", "recordio", "folder", "npz"),
+    "head.storage_dtype": ("float32", "bfloat16", "float16"),
+    "head.storage_device": ("compute", "cpu"),
+}
+
+
+def validate(cfg: Config) -> Config:
+    """Check value ranges and choices; raise :class:`ConfigError` naming the key."""
+    for dotted, choices in _CHOICES.items():
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value not in choices:
+            raise ConfigError(f"{dotted}={value!r}: choose one of {', '.join(choices)}")
+    checks = [
+        ("data.batch_size", cfg.data.batch_size >= 1),
+        ("data.num_workers", cfg.data.num_workers >= 0),
+        ("model.embedding_dim", cfg.model.embedding_dim >= 1),
+        ("head.sample_rate", 0.0 < cfg.head.sample_rate <= 1.0),
+        ("head.num_subcenters", cfg.head.num_subcenters >= 1),
+        ("optim.lr", cfg.optim.lr > 0),
+        ("train.epochs", cfg.train.epochs > 0),
+        ("train.max_nonfinite_steps", cfg.train.max_nonfinite_steps >= 1),
+        ("schedule.warmup_epochs", 0 <= cfg.schedule.warmup_epochs < cfg.train.epochs),
+        ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1),
+    ]
+    for name, ok in checks:
+        if not ok:
+            section, key = name.split(".")
+            value = getattr(getattr(cfg, section), key)
+            extra = (
+                f" (must be < train.epochs={cfg.train.epochs})"
+                if name == "schedule.warmup_epochs"
+                else ""
+            )
+            raise ConfigError(f"{name}={value!r} is out of range{extra}")
+    if cfg.data.source != "omniglot" and not cfg.data.path:
+        raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
+    return cfg
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    from partialfc.train.checkpoint import atomic_write_bytes
+
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    atomic_write_bytes(Path(path), text.encode())

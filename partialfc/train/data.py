@@ -1,0 +1,119 @@
+"""The training set, its augmentation and its loader, as the engine needs them.
+
+Augmentation randomness is a function of ``(seed, epoch, sample index)`` only
+(:class:`EpochSeededDataset`), not of which DataLoader worker or rank happens to load a sample.
+That is what makes a resumed run — mid-epoch, with any number of workers or ranks — see exactly
+the images the uninterrupted run saw.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from partialfc.train.config import AugmentConfig, DataConfig
+
+_MIX = 0x9E3779B97F4A7C15
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed that is a fixed function of ``(seed, epoch, index)``."""
+    mixed = 0
+    for part in (seed, epoch, index):
+        mixed = ((mixed ^ (int(part) & 0xFFFFFFFFFFFFFFFF)) * _MIX + 0x2545F491) % (1 << 63)
+    return mixed
+
+
+class EpochSeededDataset(Dataset):
+    """Wrap a labelled dataset; run ``transform`` under a per-sample seeded RNG.
+
+    Yields ``(uint8 image, label, index)``. Set :attr:`epoch` before creating each epoch's
+    iterator (workers receive a copy of the dataset then). The global RNG of the calling process
+    is left untouched (``torch.random.fork_rng``).
+    """
+
+    def __init__(self, dataset, transform=None, seed: int = 0):
+        self.dataset = dataset
+        self.transform = transform
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def labels(self):
+        return self.dataset.labels
+
+    @property
+    def num_classes(self) -> int:
+        return self.dataset.num_classes
+
+    def __getitem__(self, index: int):
+        image, label = self.dataset[index][:2]
+        if self.transform is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(sample_seed(self.seed, self.epoch, index))
+                image = self.transform(image)
+        return image, int(label), int(index)
+
+
+def build_train_set(cfg: DataConfig):
+    """The labelled training set named by ``cfg.source`` (un-augmented)."""
+    if cfg.source == "omniglot":
+        from partialfc.data.arrays import load_omniglot
+        from partialfc.data.datasets import ArrayDataset
+
+        split = load_omniglot(
+            "background",
+            size=cfg.input_size if cfg.input_size == 105 else 28,
+            root=cfg.path or None,
+        )
+        if split.images.shape[-1] != cfg.input_size:
+            raise ValueError(
+                f"data.input_size={cfg.input_size}: Omniglot comes at 28 (bundled) or 105"
+            )
+        return ArrayDataset(split.images, split.labels)
+    if cfg.source == "npz":
+        import numpy as np
+
+        from partialfc.data.datasets import ArrayDataset
+
+        with np.load(cfg.path) as arrays:
+            missing = {"images", "labels"} - set(arrays.files)
+            if missing:
+                raise ValueError(f"{cfg.path}: .npz needs arrays 'images' and 'labels'")
+            return ArrayDataset(arrays["images"], arrays["labels"])
+    if cfg.source == "folder":
+        from partialfc.data.datasets import ImageFolderDataset
+
+        return ImageFolderDataset(cfg.path)
+    if cfg.source == "recordio":
+        from partialfc.data import recordio
+
+        return recordio.RecordIODataset(cfg.path)
+    raise ValueError(f"data.source={cfg.source!r} is not supported")
+
+
+def build_augmentation(cfg: AugmentConfig, input_size: int):
+    """The training transform (uint8 C×H×W → uint8 C×H×W), or None when everything is off."""
+    from partialfc.data import transforms as T
+
+    steps = []
+    if cfg.max_rotation_deg or cfg.max_shift_frac or cfg.max_scale_delta:
+        steps.append(
+            T.RandomAffine(
+                max_rotation_deg=cfg.max_rotation_deg,
+                max_shift_frac=cfg.max_shift_frac,
+                max_scale_delta=cfg.max_scale_delta,
+            )
+        )
+    if cfg.crop_padding:
+        steps.append(T.RandomCrop(input_size, padding=cfg.crop_padding))
+    if cfg.hflip:
+        steps.append(T.RandomHorizontalFlip())
+    if cfg.color_jitter:
+        steps.append(T.ColorJitter(cfg.color_jitter))
+    if not steps:
+        return None
+    return steps[0] if len(steps) == 1 else T.Compose(steps)

@@ -1,0 +1,518 @@
+"""The training loop: a data-parallel backbone feeding a model-parallel Partial FC head.
+
+One step on every rank::
+
+    x  = (uint8 batch / 255 − 0.5) / 0.5
+    e  = backbone(x)                      # DDP replica; autocast bf16 (CPU) / fp16 (GPU)
+    e  = scale_gradient(e.float(), loss_scale)
+    L  = PartialFC(e, labels)             # fp32 margin math; mean over the global batch
+    L.backward(); clip(backbone); step backbone and head optimizers
+
+Gradient scale across ranks: Partial FC returns each rank the full gradient of the global-mean
+loss for its own rows, so the backbone update must be the *sum* of the ranks' gradients while
+DDP averages them; Partial FC (``backbone_grad_reduction="mean"``) multiplies the embedding
+gradient by the world size so that DDP's average is that sum (tested: 2 ranks × b gives the
+update of 1 rank × 2b). The fp16 loss scale is applied to the embedding gradient rather than to
+``L``: only the fp16 backbone needs it, and the head's centers receive unscaled fp32 gradients.
+
+A non-finite loss (agreed on by all ranks) skips the step, logs the sample indices of the batch,
+and stops training after ``train.max_nonfinite_steps`` in a row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from partialfc.train import checkpoint as ckpt
+from partialfc.train.builders import (
+    build_backbone,
+    build_backbone_optimizer,
+    build_head,
+    build_head_optimizer,
+    build_margin_schedule,
+)
+from partialfc.train.config import Config, config_to_dict, save_config
+from partialfc.train.data import EpochSeededDataset, build_augmentation, build_train_set
+from partialfc.train.diagnostics import training_diagnostics
+from partialfc.train.distributed import (
+    DistContext,
+    all_true,
+    barrier,
+    scale_gradient,
+    setup_distributed,
+)
+from partialfc.train.lr_schedule import WarmupLR
+from partialfc.train.metrics_log import MetricsLog, Progress
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training stopped after too many consecutive non-finite losses."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    epochs_completed: float
+    losses: list[float] = field(default_factory=list)  # per step run in this call (nan: skipped)
+    last_checkpoint: Path | None = None
+    skipped_steps: int = 0
+
+
+def resolve_precision(spec: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype for the backbone (None = fp32)."""
+    if spec == "auto":
+        spec = "fp16" if device.type == "cuda" else "bf16"
+    if spec == "fp16" and device.type != "cuda":
+        raise ValueError("train.precision='fp16' needs a GPU; use bf16 on CPU")
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Builds everything from a :class:`Config` and runs :meth:`fit`.
+
+    ``backbone`` + ``model_config`` and ``train_set`` may be given to bypass the builders (tests,
+    custom models); the checkpoint then records ``model_config`` as given.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        ctx: DistContext | None = None,
+        run_dir: Path | None = None,
+        backbone: nn.Module | None = None,
+        model_config: dict | None = None,
+        train_set=None,
+        evaluator=None,
+    ):
+        self.cfg = cfg
+        self.ctx = ctx or setup_distributed(cfg.train.device)
+        if cfg.train.num_threads > 0:
+            torch.set_num_threads(cfg.train.num_threads)
+        seed_everything(cfg.train.seed + self.ctx.rank)
+        device = self.ctx.device
+        self.run_dir = (
+            Path(run_dir) if run_dir is not None else Path(cfg.run.output_dir) / cfg.run.name
+        )
+        self.checkpoint_dir = self.run_dir / "checkpoints"
+
+        # ---- data
+        base_set = train_set if train_set is not None else build_train_set(cfg.data)
+        transform = build_augmentation(cfg.data.augment, cfg.data.input_size)
+        self.train_set = EpochSeededDataset(base_set, transform, seed=cfg.train.seed)
+        num_classes = cfg.head.num_classes or int(base_set.num_classes)
+        self.num_classes = num_classes
+        self.sampler = self._build_sampler()
+        per_rank = len(self.sampler)
+        bs = cfg.data.batch_size
+        self.steps_per_epoch = per_rank // bs if cfg.data.drop_last else math.ceil(per_rank / bs)
+        if self.steps_per_epoch < 1:
+            raise ValueError(
+                f"data.batch_size={bs} is larger than this rank's share of the training set "
+                f"({per_rank} samples)"
+            )
+        self.total_steps = max(1, round(cfg.train.epochs * self.steps_per_epoch))
+
+        # ---- model
+        if backbone is None:
+            in_channels = int(base_set[0][0].shape[0])
+            backbone, model_config = build_backbone(cfg.model, cfg.data.input_size, in_channels)
+        elif model_config is None:
+            raise ValueError("a custom backbone needs its model_config ({'name', 'kwargs'})")
+        self.model_config = model_config
+        self.backbone = backbone.to(device)
+        self.model = self.backbone
+        if self.ctx.distributed:
+            self.model = nn.parallel.DistributedDataParallel(
+                self.backbone, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        self.head, self.margin = build_head(
+            cfg.head, cfg.model.embedding_dim, num_classes, cfg.train.seed, device
+        )
+        self.margin_schedule = build_margin_schedule(cfg.head.margin, self.margin)
+        self.optimizer = build_backbone_optimizer(cfg.optim, self.backbone)
+        self.head_optimizer = build_head_optimizer(cfg.optim, self.head)
+        self.optimizers = [self.optimizer, self.head_optimizer]
+        WarmupLR.remember_base_lr(self.optimizers)
+        sch = cfg.schedule
+        self.lr_schedule = WarmupLR(
+            sch.kind,
+            total_steps=self.total_steps,
+            warmup_steps=round(sch.warmup_epochs * self.steps_per_epoch),
+            power=sch.power,
+            milestone_steps=[round(m * self.steps_per_epoch) for m in sch.milestones],
+            gamma=sch.gamma,
+        )
+        self.autocast_dtype = resolve_precision(cfg.train.precision, device)
+        self.scaler = torch.amp.GradScaler(
+            "cuda", enabled=self.autocast_dtype == torch.float16 and device.type == "cuda"
+        )
+        self.evaluator = evaluator
+
+        # ---- progress
+        self.step = 0  # optimizer steps taken (including skipped non-finite ones)
+        self.epoch = 0
+        self.batches_in_epoch = 0  # batches of the current epoch already consumed
+        if cfg.checkpoint.init_from:
+            self._init_backbone_from(cfg.checkpoint.init_from)
+        if cfg.checkpoint.resume:
+            path = ckpt.resolve_checkpoint(cfg.checkpoint.resume, self.run_dir)
+            if path is not None:
+                self.load_checkpoint(path)
+
+    # ------------------------------------------------------------------ data
+
+    def _build_sampler(self):
+        from partialfc.data.sampler import ResumableDistributedSampler
+
+        return ResumableDistributedSampler(
+            len(self.train_set),
+            num_replicas=self.ctx.world_size,
+            rank=self.ctx.rank,
+            shuffle=True,
+            seed=self.cfg.train.seed,
+            drop_last=True,
+        )
+
+    @property
+    def global_batch(self) -> int:
+        return self.cfg.data.batch_size * self.ctx.world_size
+
+    def _loader(self):
+        """This epoch's loader, starting after the batches already consumed (mid-epoch resume)."""
+        cfg = self.cfg.data
+        self.train_set.epoch = self.epoch
+        self.sampler.load_state_dict(
+            {"epoch": self.epoch, "consumed_samples": self.batches_in_epoch * self.global_batch}
+        )
+        return torch.utils.data.DataLoader(
+            self.train_set,
+            batch_size=cfg.batch_size,
+            sampler=self.sampler,
+            num_workers=cfg.num_workers,
+            drop_last=cfg.drop_last,
+            pin_memory=self.ctx.device.type == "cuda",
+            prefetch_factor=4 if cfg.num_workers > 0 else None,
+        )
+
+    # ------------------------------------------------------------------ one step
+
+    def _normalize(self, images: torch.Tensor) -> torch.Tensor:
+        from partialfc.data.transforms import normalize_batch
+
+        return normalize_batch(images.to(self.ctx.device, non_blocking=True))
+
+    def train_step(self, images, labels, indices, diagnostics: bool = False) -> float | None:
+        """One optimizer step; returns the loss, or None when it was non-finite (step skipped).
+
+        With ``diagnostics=True`` the seed-002 statistics of this step are left in
+        :attr:`last_diagnostics` (computed before the optimizers move the centers).
+        """
+        device = self.ctx.device
+        self.lr_schedule.apply(self.optimizers, self.step)
+        if self.margin_schedule is not None:
+            self.margin_schedule.step(self.step)
+        x = self._normalize(images)
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast(
+            device.type,
+            dtype=self.autocast_dtype or torch.float32,
+            enabled=self.autocast_dtype is not None,
+        ):
+            embeddings = self.model(x)
+        embeddings = embeddings.float()
+        if self.scaler.is_enabled():  # (also creates the scaler's scale tensor on first use)
+            embeddings = scale_gradient(
+                embeddings, self.scaler.scale(torch.ones((), device=device))
+            )
+        loss = self.head(embeddings, labels)
+        if not all_true(bool(torch.isfinite(loss.detach()).item()), self.ctx):
+            self._skip_step(indices)
+            return None
+        loss.backward()
+        if diagnostics:
+            self.last_diagnostics = training_diagnostics(
+                embeddings.detach(), labels, self.head, seed=self.cfg.train.seed + self.step
+            )
+        clip = self.cfg.optim.grad_clip_norm
+        if self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.backbone.parameters(), clip if clip is not None else float("inf")
+        )
+        grads_finite = bool(torch.isfinite(grad_norm).item())
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # skips by itself on inf/nan
+            self.scaler.update()
+        elif grads_finite:
+            self.optimizer.step()
+        if grads_finite:
+            self.head_optimizer.step()
+        else:  # drop the head's recorded rows: this step does not happen for the centers either
+            self.head.consume_active_rows()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.head_optimizer.zero_grad()
+        self._last_grad_norm = float(grad_norm)
+        return float(loss.detach())
+
+    def _skip_step(self, indices) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.head_optimizer.zero_grad()
+        self.consecutive_nonfinite += 1
+        self.skipped_steps += 1
+        ids = [int(i) for i in indices]
+        self.log.write("nonfinite", self.step, sample_indices=ids, rank=self.ctx.rank)
+        self.progress.write(
+            f"step {self.step}: non-finite loss on rank {self.ctx.rank}'s batch "
+            f"(sample indices {ids[:16]}{' ...' if len(ids) > 16 else ''}); step skipped"
+        )
+        limit = self.cfg.train.max_nonfinite_steps
+        if self.consecutive_nonfinite >= limit:
+            raise NonFiniteLossError(
+                f"stopping at step {self.step}: {self.consecutive_nonfinite} non-finite losses "
+                f"in a row (train.max_nonfinite_steps={limit}). Lower optim.lr, enable "
+                f"optim.grad_clip_norm, use train.precision=fp32, or check the data; the sample "
+                f"indices of each skipped batch are in {self.log.path}"
+            )
+
+    # ------------------------------------------------------------------ loop
+
+    def fit(self) -> TrainResult:
+        cfg = self.cfg
+        is_main = self.ctx.is_main
+        if is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+        barrier(self.ctx)
+        self.log = MetricsLog(
+            self.run_dir / "metrics.jsonl" if is_main else None,
+            self.run_dir / "tensorboard" if (is_main and cfg.run.tensorboard) else None,
+        )
+        self.progress = Progress(self.total_steps, self.step, cfg.run.progress and is_main)
+        self.consecutive_nonfinite = 0
+        self.skipped_steps = 0
+        result = TrainResult(self.run_dir, self.step, self.step / self.steps_per_epoch)
+        global_batch = self.global_batch
+        window_t, window_steps, window_loss = time.perf_counter(), 0, []
+        try:
+            while self.step < self.total_steps:
+                for images, labels, indices in self._loader():
+                    every = cfg.train.diagnostics_every
+                    want_diag = bool(every) and (self.step + 1) % every == 0
+                    loss = self.train_step(images, labels, indices, diagnostics=want_diag)
+                    self.sampler.advance(self.global_batch)
+                    self.step += 1
+                    self.batches_in_epoch += 1
+                    result.losses.append(float("nan") if loss is None else loss)
+                    if loss is not None:
+                        self.consecutive_nonfinite = 0
+                        window_loss.append(loss)
+                    window_steps += 1
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    elapsed = time.perf_counter() - window_t
+                    self.progress.update(
+                        1,
+                        loss=f"{loss:.3f}" if loss is not None else "nan",
+                        lr=f"{lr:.2e}",
+                        samples_s=f"{window_steps * global_batch / max(elapsed, 1e-9):.0f}",
+                    )
+                    if self.step % cfg.train.log_every == 0 or self.step == self.total_steps:
+                        self.log.write(
+                            "train",
+                            self.step,
+                            epoch=self.step / self.steps_per_epoch,
+                            loss=float(np.mean(window_loss)) if window_loss else float("nan"),
+                            lr=lr,
+                            samples_per_s=window_steps * global_batch / max(elapsed, 1e-9),
+                            grad_norm=getattr(self, "_last_grad_norm", float("nan")),
+                            margin=self._margin_state(),
+                        )
+                        window_t, window_steps, window_loss = time.perf_counter(), 0, []
+                    if want_diag and loss is not None:
+                        self.log.write("diagnostics", self.step, **self.last_diagnostics)
+                    if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
+                        self.evaluate(final=False)
+                    end_of_epoch = self.batches_in_epoch == self.steps_per_epoch
+                    if end_of_epoch:
+                        self.epoch += 1
+                        self.batches_in_epoch = 0
+                    every_ckpt = cfg.checkpoint.every_steps
+                    if (every_ckpt and self.step % every_ckpt == 0) or (
+                        end_of_epoch and cfg.checkpoint.at_epoch_end
+                    ):
+                        result.last_checkpoint = self.save_checkpoint()
+                    if end_of_epoch or self.step >= self.total_steps:
+                        break
+            if result.last_checkpoint is None or not result.last_checkpoint.name.endswith(
+                f"{self.step:08d}"
+            ):
+                result.last_checkpoint = self.save_checkpoint()
+        finally:
+            self.progress.close()
+        result.steps = self.step
+        result.epochs_completed = self.step / self.steps_per_epoch
+        result.skipped_steps = self.skipped_steps
+        self.log.write(
+            "done", self.step, epochs=result.epochs_completed, skipped=self.skipped_steps
+        )
+        return result
+
+    def _margin_state(self) -> dict:
+        m = self.margin
+        return {"m1": m.m1, "m2_rad": m.m2_rad, "m3": m.m3, "scale": m.scale}
+
+    # ------------------------------------------------------------------ evaluation
+
+    def embed_fn(self, batch_size: int | None = None):
+        """``uint8 images (N, [C,] H, W) → float32 (N, d)`` numpy, with the current backbone."""
+        device = self.ctx.device
+        backbone = self.backbone
+        bs = batch_size or self.cfg.eval.batch_size
+        from partialfc.data.transforms import normalize_batch
+
+        @torch.no_grad()
+        def embed(images: np.ndarray) -> np.ndarray:
+            was_training = backbone.training
+            backbone.eval()
+            try:
+                out = []
+                for start in range(0, len(images), bs):
+                    x = torch.from_numpy(np.ascontiguousarray(images[start : start + bs]))
+                    if x.ndim == 3:
+                        x = x.unsqueeze(1)
+                    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+                        x = x.permute(0, 3, 1, 2)
+                    x = normalize_batch(x.to(device))
+                    with torch.autocast(
+                        device.type,
+                        dtype=self.autocast_dtype or torch.float32,
+                        enabled=self.autocast_dtype is not None,
+                    ):
+                        e = backbone(x)
+                    out.append(e.float().cpu())
+                return torch.cat(out).numpy()
+            finally:
+                backbone.train(was_training)
+
+        return embed
+
+    def evaluate(self, final: bool) -> dict | None:
+        """Run the configured verification protocols on rank 0; log and return the summary."""
+        if self.evaluator is None or not self.ctx.is_main:
+            barrier(self.ctx)
+            return None
+        out_dir = self.run_dir / ("report" if final else f"eval/step-{self.step:08d}")
+        summary = self.evaluator(self.embed_fn(), out_dir)
+        self.log.write("eval", self.step, **summary)
+        barrier(self.ctx)
+        return summary
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/step-N`` atomically (all ranks take part); keep the last K."""
+        from partialfc.classifier import save_partial_fc_checkpoint
+
+        name = ckpt.checkpoint_name(self.step)
+        final = self.checkpoint_dir / name
+        tmp = self.checkpoint_dir / f".{name}.tmp"
+        if self.ctx.is_main:
+            if tmp.exists():
+                import shutil
+
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        barrier(self.ctx)
+        save_partial_fc_checkpoint(tmp / "head", self.head, self.head_optimizer)
+        ckpt.atomic_torch_save(ckpt.capture_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
+        if self.ctx.is_main:
+            ckpt.save_backbone(self.backbone, self.model_config, tmp)
+            state = {
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "margin": self._margin_state(),
+                "step": self.step,
+                "epoch": self.epoch,
+                "batches_in_epoch": self.batches_in_epoch,
+                "global_batch": self.cfg.data.batch_size * self.ctx.world_size,
+            }
+            ckpt.atomic_torch_save(state, tmp / "trainer.pt")
+            meta = {
+                "step": self.step,
+                "epoch": self.epoch,
+                "batches_in_epoch": self.batches_in_epoch,
+                "world_size": self.ctx.world_size,
+                "num_classes": self.num_classes,
+                "config": config_to_dict(self.cfg),
+            }
+            ckpt.atomic_write_bytes(tmp / "meta.json", json.dumps(meta, indent=2).encode())
+        barrier(self.ctx)
+        if self.ctx.is_main:
+            if final.exists():
+                import shutil
+
+                shutil.rmtree(final)
+            tmp.rename(final)
+            ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.checkpoint.keep_last)
+        barrier(self.ctx)
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore everything to continue exactly where ``path`` was written (mid-epoch too)."""
+        from partialfc.classifier import load_partial_fc_checkpoint
+
+        path = Path(path)
+        meta = json.loads((path / "meta.json").read_text())
+        if meta["num_classes"] != self.num_classes:
+            raise ValueError(
+                f"{path}: trained with {meta['num_classes']} classes, this config has "
+                f"{self.num_classes}; to fine-tune on a new class set use checkpoint.init_from"
+            )
+        state = ckpt.safe_torch_load(path / "trainer.pt")
+        global_batch = self.cfg.data.batch_size * self.ctx.world_size
+        if state["global_batch"] != global_batch and state["batches_in_epoch"]:
+            raise ValueError(
+                f"{path}: saved mid-epoch with a global batch of {state['global_batch']}; resuming "
+                f"mid-epoch needs the same global batch (now {global_batch} = "
+                f"{self.ctx.world_size} ranks × data.batch_size={self.cfg.data.batch_size})"
+            )
+        self.backbone.load_state_dict(ckpt.load_backbone_state(path))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        load_partial_fc_checkpoint(path / "head", self.head, self.head_optimizer)
+        WarmupLR.remember_base_lr(self.optimizers)
+        for key, value in state["margin"].items():
+            setattr(self.margin, key, value)
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.batches_in_epoch = int(state["batches_in_epoch"])
+        rng_file = path / f"rng-rank{self.ctx.rank}.pt"
+        if rng_file.is_file() and meta["world_size"] == self.ctx.world_size:
+            ckpt.restore_rng_state(ckpt.safe_torch_load(rng_file))
+
+    def _init_backbone_from(self, spec: str) -> None:
+        """Fine-tuning: the backbone weights of another run; a fresh head for this class set."""
+        path = ckpt.resolve_checkpoint(spec, Path(spec))
+        model_config = ckpt.read_model_config(path)
+        if model_config["name"] != self.model_config["name"]:
+            raise ValueError(
+                f"checkpoint.init_from={spec!r} holds a {model_config['name']}, "
+                f"this config builds a {self.model_config['name']}"
+            )
+        self.backbone.load_state_dict(ckpt.load_backbone_state(path))

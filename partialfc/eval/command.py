@@ -79,9 +79,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from partialfc.deploy.embedder import Embedder
 
+    from .embedding import with_input_size
+    from .protocols import Ijb
+
     embedder = Embedder.load(args.model)
     # raw (un-normalised) embeddings: protocols normalise, templates pool raw vectors first
-    embed_fn = getattr(embedder, "embed_raw", embedder.embed)
+    embed_fn = embedder.embed_raw if hasattr(embedder, "embed_raw") else embedder.embed
+    input_size = getattr(getattr(embedder, "spec", None), "input_size", None)
+    if input_size is not None:  # protocol images come at their stored size
+        embed_fn = with_input_size(embed_fn, input_size)
+        for protocol in protocols:
+            if isinstance(protocol, Ijb):
+                protocol.size = int(input_size[0])  # align IJB faces at the model's size
     evaluate_model(
         embed_fn,
         protocols,

@@ -60,3 +60,27 @@ def _call(embed_fn: EmbedFn, batch: np.ndarray) -> np.ndarray:
     if e.ndim != 2 or e.shape[0] != batch.shape[0]:
         raise ValueError(f"embed function returned shape {e.shape} for {batch.shape[0]} images")
     return e
+
+
+def resize_images(images: np.ndarray, size_hw: tuple[int, int]) -> np.ndarray:
+    """Resize ``(N, H, W[, C])`` uint8 images to ``size_hw`` (area filter when shrinking,
+    bilinear when enlarging); returned unchanged when they already have that size. The aspect
+    ratio is not preserved: use it for already-cropped faces/characters."""
+    import cv2
+
+    h, w = int(size_hw[0]), int(size_hw[1])
+    if images.shape[1:3] == (h, w):
+        return images
+    shrink = images.shape[1] * images.shape[2] > h * w
+    interpolation = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+    out = [cv2.resize(im, (w, h), interpolation=interpolation) for im in images]
+    return np.stack(out).reshape(len(images), h, w, *images.shape[3:])
+
+
+def with_input_size(embed_fn: EmbedFn, size_hw: tuple[int, int]) -> EmbedFn:
+    """An embed function that first resizes its images to the model's input size."""
+
+    def resized_embed_fn(images: np.ndarray) -> np.ndarray:
+        return embed_fn(resize_images(np.asarray(images), size_hw))
+
+    return resized_embed_fn

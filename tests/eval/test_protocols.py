@@ -199,7 +199,10 @@ def test_eval_command_with_a_stand_in_embedder(monkeypatch, tmp_path, shared_dat
             assert path == "model.onnx"
             return cls()
 
-        def embed(self, images, flip=False):
+        spec = types.SimpleNamespace(input_size=(20, 20))
+
+        def embed_raw(self, images, flip=False):
+            assert images.shape[1:3] == (20, 20)  # resized to the model's input size
             return pixel_embed(images)
 
     module = types.ModuleType("partialfc.deploy.embedder")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from partialfc.eval.embedding import embed_images
+from partialfc.eval.embedding import embed_images, resize_images, with_input_size
 from partialfc.eval.subgroups import subgroup_report
 from partialfc.eval.templates import pool_media_templates, pool_templates
 
@@ -44,6 +44,19 @@ def test_flip_test_sums_raw_embeddings_before_normalising():
     np.testing.assert_allclose(plain[0], np.array([5, 3]) / np.hypot(5, 3), rtol=1e-6)
     with pytest.raises(ValueError, match="uint8"):
         embed_images(embed, images.astype(np.float32))
+
+
+def test_resize_to_model_input_size():
+    grey = np.zeros((2, 112, 92), np.uint8)
+    grey[:, :56] = 200  # top half bright
+    out = resize_images(grey, (28, 28))
+    assert out.shape == (2, 28, 28) and out[0, :14].min() == 200 and out[0, 14:].max() == 0
+    rgb = np.full((1, 10, 10, 3), 7, np.uint8)
+    assert resize_images(rgb, (20, 30)).shape == (1, 20, 30, 3)
+    assert resize_images(rgb, (10, 10)) is rgb
+    shapes = []
+    with_input_size(lambda x: shapes.append(x.shape) or np.ones((len(x), 2)), (5, 6))(rgb)
+    assert shapes == [(1, 5, 6, 3)]
 
 
 # Seed 001, ch. 6: impostor scores N(0, 0.05) for group B and N(0.05, 0.05) for group A,

@@ -20,6 +20,7 @@ Sets without that header record (plain im2rec output) use every key in the ``.id
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from collections.abc import Iterator
@@ -131,8 +132,9 @@ def _record_spans(index: dict[int, int], file_size: int) -> dict[int, int]:
 class RecordIOReader:
     """Random access (``read(key)``) and sequential scans (``scan()``) of a ``.rec`` file.
 
-    Uses ``os.pread`` on a descriptor opened lazily per process, so one reader can be shared by
-    DataLoader workers (each opens its own descriptor after fork/spawn).
+    The file is memory-mapped read-only, lazily once per process, so one reader can be shared
+    by DataLoader workers (each maps the file itself after fork/spawn) and payloads reach the
+    decoder without a copy (``payload(key)`` returns a memoryview).
     """
 
     def __init__(
@@ -146,7 +148,8 @@ class RecordIOReader:
             raise FileNotFoundError(f"{self.rec_path}: RecordIO file not found")
         self.size = self.rec_path.stat().st_size
         self.idx_path = Path(idx_path) if idx_path else self.rec_path.with_suffix(".idx")
-        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self._view: memoryview | None = None
         self._pid = -1
         self.index: dict[int, int] = {}
         self._spans: dict[int, int] = {}
@@ -170,7 +173,7 @@ class RecordIOReader:
         # a cheap consistency probe: the first and last indexed offsets must start a record
         offsets = sorted(self.index.items(), key=lambda kv: kv[1])
         for key, offset in offsets[:1] + offsets[-1:]:
-            if self._pread(_LREC.size, offset)[:4] != _MAGIC_BYTES:
+            if bytes(self._pread(4, offset)) != _MAGIC_BYTES:
                 raise RecordIOError(
                     f"{self.rec_path}: offset {offset} (record id {key} in {self.idx_path}) does "
                     "not start a record: .idx and .rec do not match"
@@ -178,18 +181,33 @@ class RecordIOReader:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_fd"], state["_pid"] = -1, -1
+        state["_map"], state["_view"], state["_pid"] = None, None, -1
         return state
 
-    def _pread(self, n: int, offset: int) -> bytes:
+    def _buffer(self) -> memoryview:
+        """The whole file, memory-mapped read-only (mapped lazily once per process)."""
         if self._pid != os.getpid():
-            self._fd, self._pid = os.open(self.rec_path, os.O_RDONLY), os.getpid()
-        return os.pread(self._fd, n, offset)
+            if self.size:
+                with open(self.rec_path, "rb") as f:
+                    self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self._view = memoryview(self._map)
+            else:
+                self._map, self._view = None, memoryview(b"")
+            self._pid = os.getpid()
+        return self._view
+
+    def _pread(self, n: int, offset: int) -> memoryview:
+        """Up to ``n`` bytes at ``offset`` (fewer at the end of the file), without copying."""
+        return self._buffer()[offset : offset + n]
 
     def close(self) -> None:
-        if self._fd >= 0 and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd, self._pid = -1, -1
+        if self._map is not None and self._pid == os.getpid():
+            try:
+                self._view.release()
+                self._map.close()
+            except BufferError:  # views still alive elsewhere: the GC unmaps later
+                pass
+        self._map, self._view, self._pid = None, None, -1
 
     def __del__(self):
         try:
@@ -208,7 +226,7 @@ class RecordIOReader:
         """
         parts = []
         pos = offset
-        buffer = self._pread(span, offset) if span > _LREC.size else b""
+        buffer = self._pread(span, offset) if span > _LREC.size else memoryview(b"")
         while True:
             local = pos - offset
             if local + _LREC.size <= len(buffer):
@@ -236,22 +254,26 @@ class RecordIOReader:
             parts.append(data)
             pos += _LREC.size + length + (-length % 4)
             if cflag in (0, 3):
-                return _MAGIC_BYTES.join(parts), pos
+                return _MAGIC_BYTES.join(parts) if len(parts) > 1 else bytes(parts[0]), pos
 
-    def read(self, key: int) -> bytes:
-        """Payload of record ``key`` (via the ``.idx``)."""
+    def payload(self, key: int) -> memoryview:
+        """Payload of record ``key`` (via the ``.idx``) as a zero-copy view of the file."""
         try:
             offset = self.index[key]
         except KeyError:
             raise RecordIOError(f"{self.idx_path}: no record id {key}") from None
         span = self._spans.get(key, 0)
-        if span > _LREC.size:  # fast path: one pread, one whole (cflag 0) record
+        if span > _LREC.size:  # fast path: one whole (cflag 0) record
             buffer = self._pread(span, offset)
             magic, lrec = _LREC.unpack_from(buffer)
             length = lrec & _LENGTH_MASK
             if magic == MAGIC and lrec >> 29 == 0 and _LREC.size + length <= len(buffer):
                 return buffer[_LREC.size : _LREC.size + length]
-        return self.read_at(offset, key, span)[0]
+        return memoryview(self.read_at(offset, key, span)[0])
+
+    def read(self, key: int) -> bytes:
+        """Payload of record ``key`` (via the ``.idx``)."""
+        return bytes(self.payload(key))
 
     def scan(self) -> Iterator[tuple[int, bytes]]:
         """Sequential pass over the file: yields (offset, payload) for every record."""
@@ -419,7 +441,7 @@ class RecordIODataset(LabelledDataset):
 
     def _read(self, key: int) -> tuple[int, bytes]:
         """(label, encoded image bytes) of record ``key``."""
-        payload = self.reader.read(key)
+        payload = self.reader.payload(key)
         if len(payload) >= _IRHEADER.size:  # fast path: scalar label (image records)
             flag, label = _FLAG_LABEL.unpack_from(payload)
             if flag == 0:

@@ -1,6 +1,7 @@
 """Data: RecordIO, image folders, list files, verification .bin pairs, .npz arrays, alignment,
 transforms, samplers and controlled corruption. Datasets yield (uint8 C×H×W RGB tensor, label)."""
 
+from partialfc.data.align import ARCFACE_TEMPLATE_112, align_face, umeyama_similarity
 from partialfc.data.arrays import (
     FaceSet,
     OmniglotSet,
@@ -10,6 +11,13 @@ from partialfc.data.arrays import (
     load_omniglot,
     load_omniglot_one_shot_runs,
     load_orl,
+)
+from partialfc.data.corruption import (
+    CorruptedDataset,
+    Corruption,
+    flip_labels,
+    long_tail,
+    split_identities,
 )
 from partialfc.data.datasets import (
     ArrayDataset,
@@ -21,6 +29,7 @@ from partialfc.data.datasets import (
 )
 from partialfc.data.decode import decode_image, encode_image
 from partialfc.data.lfw import LfwImageArchive, VerificationPairs, read_lfw_pairs
+from partialfc.data.pack import pack_images, unpack_records
 from partialfc.data.recordio import (
     IRHeader,
     RecordIODataset,
@@ -30,6 +39,8 @@ from partialfc.data.recordio import (
     pack_record,
     unpack_record,
 )
+from partialfc.data.sampler import ResumableDistributedSampler
+from partialfc.data.transforms import collate_images, normalize_batch
 from partialfc.data.verification_bin import (
     UnsafePickleError,
     decode_images,
@@ -38,6 +49,19 @@ from partialfc.data.verification_bin import (
 )
 
 __all__ = [
+    "ARCFACE_TEMPLATE_112",
+    "Corruption",
+    "CorruptedDataset",
+    "ResumableDistributedSampler",
+    "align_face",
+    "collate_images",
+    "flip_labels",
+    "long_tail",
+    "normalize_batch",
+    "pack_images",
+    "split_identities",
+    "umeyama_similarity",
+    "unpack_records",
     "ArrayDataset",
     "FaceSet",
     "FileListDataset",

@@ -182,3 +182,25 @@ def test_writer_leaves_nothing_on_failure(tmp_path):
             writer.write(0, b"abc")
             raise RuntimeError("interrupted")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dataloader_workers_and_channels_last_collate(tmp_path):
+    import torch
+    from torch.utils.data import DataLoader, default_collate
+
+    from partialfc.data.transforms import collate_images
+
+    torch.set_num_threads(1)
+    imgs = images(8, size=10)
+    records = [(k, hand_payload(k % 3, k, encode_image(imgs[k], ".png"))) for k in range(8)]
+    ds = RecordIODataset(write_hand_set(tmp_path, records), return_index=True)
+    ds[0]  # map the file in this process first: workers must map their own
+    batches = list(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_images))
+    assert len(batches) == 2
+    images_cl, labels, index = batches[1]
+    assert images_cl.shape == (4, 3, 10, 10)
+    assert images_cl.is_contiguous(memory_format=torch.channels_last)
+    reference = default_collate([ds[i] for i in range(4, 8)])
+    assert torch.equal(images_cl, reference[0]) and reference[0].is_contiguous()
+    assert labels.tolist() == [1, 2, 0, 1] and index.tolist() == [4, 5, 6, 7]
+    np.testing.assert_array_equal(images_cl[0].permute(1, 2, 0).numpy(), imgs[4])

@@ -1,1 +1,38 @@
+"""Using a trained backbone: export (ONNX + safetensors + preprocessing spec), ``Embedder``,
+calibrated 1:1 verification, and a persistent faiss ``Gallery`` for 1:N search."""
 
+from partialfc.deploy.embedder import Embedder
+from partialfc.deploy.export import (
+    ExportCheckError,
+    ExportResult,
+    export_backbone,
+    export_checkpoint,
+)
+from partialfc.deploy.gallery import Gallery, GalleryFileError, SearchResult
+from partialfc.deploy.spec import PreprocessingSpec
+from partialfc.deploy.verify import (
+    CalibratedThreshold,
+    Verification,
+    Verifier,
+    calibrate,
+    decide,
+    threshold_from_impostors,
+)
+
+__all__ = [
+    "CalibratedThreshold",
+    "Embedder",
+    "ExportCheckError",
+    "ExportResult",
+    "Gallery",
+    "GalleryFileError",
+    "PreprocessingSpec",
+    "SearchResult",
+    "Verification",
+    "Verifier",
+    "calibrate",
+    "decide",
+    "export_backbone",
+    "export_checkpoint",
+    "threshold_from_impostors",
+]

@@ -1,0 +1,159 @@
+"""``Embedder``: images in, L2-normalised embeddings out, from any saved form of a backbone.
+
+    embedder = Embedder.load(path)      # exported dir, .onnx file, or training checkpoint/run
+    e = embedder.embed(images, flip=True, batch_size=256)   # (N, d) float32, unit rows
+
+``images`` are uint8 ``(N, H, W)`` (grey) or ``(N, H, W, C)`` RGB, aligned and cropped to the
+model's ``spec.input_size``. With ``flip=True`` the embedding is
+``normalize(f(x) + f(mirror(x)))`` (the flip test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from partialfc.deploy.export import METADATA_KEY, WEIGHTS_FILENAME
+from partialfc.deploy.spec import SPEC_FILENAME, PreprocessingSpec
+from partialfc.eval.embedding import embed_images, flip_horizontal
+
+
+class TorchBackend:
+    """Runs an ``nn.Module`` in eval mode, fp32, without gradients."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model.eval()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.model(torch.from_numpy(x)).float().numpy()
+
+
+class OnnxBackend:
+    """Runs an ONNX file with onnxruntime (CPU provider)."""
+
+    def __init__(self, path: str | os.PathLike):
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        try:
+            self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        except Exception as err:  # noqa: BLE001 - ORT raises several types; name the file
+            raise ValueError(f"{path}: cannot load ONNX model: {err}") from None
+        self.input_name = self.session.get_inputs()[0].name
+
+    def spec(self) -> PreprocessingSpec | None:
+        meta = self.session.get_modelmeta().custom_metadata_map
+        if METADATA_KEY not in meta:
+            return None
+        return PreprocessingSpec.from_dict(json.loads(meta[METADATA_KEY]), str(self.path))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {self.input_name: x})[0]
+
+
+class Embedder:
+    """A backbone plus its preprocessing. ``backend`` maps network input to raw embeddings."""
+
+    def __init__(self, backend: Callable[[np.ndarray], np.ndarray], spec: PreprocessingSpec):
+        self.backend = backend
+        self.spec = spec
+
+    @classmethod
+    def from_module(cls, model: nn.Module, spec: PreprocessingSpec) -> Embedder:
+        return cls(TorchBackend(model), spec)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, backend: str = "auto") -> Embedder:
+        """Load from
+
+        * an exported directory (``preprocessing.json`` + ``backbone.safetensors`` [+ ONNX]);
+          ``backend="onnx"`` uses its ``backbone.onnx`` with onnxruntime instead of PyTorch;
+        * an ``.onnx`` file (spec from its metadata or a ``preprocessing.json`` beside it);
+        * a training checkpoint directory or run folder (``model.json`` + weights).
+        """
+        if backend not in ("auto", "torch", "onnx"):
+            raise ValueError(f"backend must be 'auto', 'torch' or 'onnx', got {backend!r}")
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such model file or directory")
+        if path.is_file():
+            if path.suffix != ".onnx":
+                raise ValueError(f"{path}: expected an .onnx file or a model directory")
+            return cls._load_onnx(path)
+        if (path / SPEC_FILENAME).is_file():
+            spec = PreprocessingSpec.load(path / SPEC_FILENAME)
+            if backend == "onnx":
+                return cls._load_onnx(path / "backbone.onnx", spec)
+            return cls.from_module(_load_weights(path / WEIGHTS_FILENAME, spec), spec)
+        if backend == "onnx":
+            raise ValueError(f"{path}: backend 'onnx' needs an exported directory or .onnx file")
+        from partialfc.train.checkpoint import load_backbone_from_checkpoint
+
+        model, model_config = load_backbone_from_checkpoint(path)
+        return cls.from_module(model, PreprocessingSpec.from_model_config(model_config))
+
+    @classmethod
+    def _load_onnx(cls, path: Path, spec: PreprocessingSpec | None = None) -> Embedder:
+        session = OnnxBackend(path)
+        spec = spec or session.spec()
+        if spec is None and (path.parent / SPEC_FILENAME).is_file():
+            spec = PreprocessingSpec.load(path.parent / SPEC_FILENAME)
+        if spec is None:
+            raise ValueError(f"{path}: no preprocessing spec in its metadata or beside it")
+        return cls(session, spec)
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.spec.embedding_dim
+
+    def _raw(self, images: np.ndarray) -> np.ndarray:
+        return np.asarray(self.backend(self.spec.preprocess(images)), dtype=np.float32)
+
+    def embed(self, images: np.ndarray, flip: bool = False, batch_size: int = 256) -> np.ndarray:
+        """L2-normalised ``(N, d)`` float32 embeddings (see module docstring)."""
+        return embed_images(self._raw, images, flip=flip, batch_size=batch_size)
+
+    def embed_raw(self, images: np.ndarray, flip: bool = False, batch_size: int = 256):
+        """Unnormalised ``(N, d)`` float32 embeddings (``f(x) [+ f(mirror(x))]``).
+
+        The norm carries quality; templates average these before normalising.
+        """
+        images = np.asarray(images)
+        if images.ndim not in (3, 4) or len(images) == 0:
+            raise ValueError(f"images must be a non-empty (N, H, W[, C]) array, got {images.shape}")
+        out = []
+        for start in range(0, len(images), batch_size):
+            batch = images[start : start + batch_size]
+            e = self._raw(batch)
+            if flip:
+                e = e + self._raw(np.ascontiguousarray(flip_horizontal(batch)))
+            out.append(e)
+        return np.concatenate(out)
+
+
+def _load_weights(path: Path, spec: PreprocessingSpec) -> nn.Module:
+    """Rebuild ``spec.model_name`` and load its safetensors state dict (no pickle)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from partialfc.models import build_model
+
+    try:
+        state = load_file(str(path))
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{path}: cannot read weights: {err}") from None
+    model = build_model(spec.model_name, **spec.model_kwargs)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: weights do not match {spec.model_name}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return model.eval()

@@ -1,0 +1,172 @@
+"""Export a backbone (the classifier dropped) to ONNX and safetensors with its preprocessing spec.
+
+``export_backbone(model, spec, out_dir)`` writes, each file atomically::
+
+    out_dir/backbone.onnx           dynamic batch axis; input "images" (N, C, H, W) float32,
+                                    output "embeddings" (N, d), unnormalised; the spec JSON is
+                                    also in the ONNX metadata (key "partialfc.preprocessing")
+    out_dir/backbone.safetensors    the backbone state dict (spec JSON in its metadata too)
+    out_dir/preprocessing.json      the PreprocessingSpec
+
+and then runs onnxruntime and PyTorch on the same random images (a batch size different from
+the one traced, so the dynamic axis is exercised) and reports the max absolute difference.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from partialfc.deploy.spec import SPEC_FILENAME, PreprocessingSpec
+
+ONNX_FILENAME = "backbone.onnx"
+WEIGHTS_FILENAME = "backbone.safetensors"
+METADATA_KEY = "partialfc.preprocessing"
+
+
+class ExportCheckError(RuntimeError):
+    """onnxruntime and PyTorch disagree beyond the tolerance."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    onnx_path: Path
+    weights_path: Path
+    spec_path: Path
+    max_abs_diff: float | None  # onnxruntime vs PyTorch on the check batch (None: not checked)
+    max_abs_output: float | None  # scale of the outputs the difference is measured against
+    check_batch: int
+
+    def to_dict(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+def _atomic_path(path: Path):
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
+
+def save_weights(model: nn.Module, spec: PreprocessingSpec, path: Path) -> None:
+    """State dict to safetensors (atomic), with the spec JSON in the file's metadata."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tmp = _atomic_path(path)
+    try:
+        save_file(state, str(tmp), metadata={METADATA_KEY: spec.to_json()})
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_onnx(model: nn.Module, spec: PreprocessingSpec, path: Path, opset: int = 18) -> None:
+    """Trace ``model`` (eval, CPU, fp32) to ONNX with a dynamic batch axis (atomic)."""
+    import onnx
+
+    example = torch.zeros(2, spec.in_channels, *spec.input_size)
+    batch = torch.export.Dim("batch", min=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model,
+            (example,),
+            input_names=["images"],
+            output_names=["embeddings"],
+            dynamic_shapes=({0: batch},),
+            opset_version=opset,
+            dynamo=True,
+            verbose=False,
+        )
+    proto = program.model_proto
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, spec.to_json()
+    tmp = _atomic_path(path)
+    try:
+        onnx.save_model(proto, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_onnx(model: nn.Module, spec: PreprocessingSpec, onnx_path: Path, batch: int = 3):
+    """``(max |ORT − torch|, max |torch|)`` on ``batch`` random uint8 images."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    shape = (batch, *spec.input_size) + ((3,) if spec.in_channels == 3 else ())
+    x = spec.preprocess(rng.integers(0, 256, size=shape, dtype=np.uint8))
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x})[0]
+    if got.shape != expected.shape:
+        raise ExportCheckError(f"{onnx_path}: output shape {got.shape} != {expected.shape}")
+    return float(np.abs(got - expected).max()), float(np.abs(expected).max())
+
+
+def export_backbone(
+    model: nn.Module,
+    spec: PreprocessingSpec,
+    out_dir: str | os.PathLike,
+    opset: int = 18,
+    check: bool = True,
+    rtol: float = 1e-4,
+) -> ExportResult:
+    """Write ONNX + safetensors + preprocessing.json to ``out_dir`` and check ORT vs torch.
+
+    ``model`` is not modified (a CPU eval-mode copy is exported). Raises ExportCheckError if
+    ``max |ORT − torch| > rtol · max(1, max |torch|)``.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = copy.deepcopy(model).cpu().float().eval()
+    model = model.to(memory_format=torch.contiguous_format)
+    embedding_dim = getattr(model, "embedding_dim", spec.embedding_dim)
+    if embedding_dim != spec.embedding_dim:
+        raise ValueError(f"spec embedding_dim {spec.embedding_dim} != model's {embedding_dim}")
+
+    weights_path, onnx_path = out_dir / WEIGHTS_FILENAME, out_dir / ONNX_FILENAME
+    spec_path = out_dir / SPEC_FILENAME
+    save_weights(model, spec, weights_path)
+    save_onnx(model, spec, onnx_path, opset)
+    spec.save(spec_path)
+    diff = scale = None
+    batch = 3
+    if check:
+        diff, scale = check_onnx(model, spec, onnx_path, batch)
+        if diff > rtol * max(1.0, scale):
+            raise ExportCheckError(
+                f"{onnx_path}: onnxruntime differs from PyTorch by {diff:.3g} "
+                f"(outputs up to {scale:.3g}; tolerance {rtol:g} relative)"
+            )
+    return ExportResult(onnx_path, weights_path, spec_path, diff, scale, batch)
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, **kwargs):
+    """Export the backbone of a training checkpoint (or the newest one of a run folder)."""
+    from partialfc.train.checkpoint import load_backbone_from_checkpoint
+
+    model, model_config = load_backbone_from_checkpoint(checkpoint)
+    spec = PreprocessingSpec.from_model_config(model_config)
+    return export_backbone(model, spec, out_dir, **kwargs)
+
+
+def read_onnx_spec(onnx_path: str | os.PathLike) -> PreprocessingSpec | None:
+    """The spec stored in an exported ONNX file's metadata, or None if it has none."""
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    for entry in proto.metadata_props:
+        if entry.key == METADATA_KEY:
+            return PreprocessingSpec.from_dict(json.loads(entry.value), str(onnx_path))
+    return None

@@ -1,0 +1,215 @@
+"""A persistent 1:N gallery of identity templates, searched exactly with faiss.
+
+A template is the mean of an identity's *unnormalised* embeddings, then L2-normalised (seed
+001 ch. 6: the norm carries quality, so the sum is a quality-weighted average). The gallery
+keeps each identity's running sum and count, so enrolling more images later gives the same
+template as enrolling them all at once. Search is exact inner product on the normalised
+templates (``faiss.IndexIDMap(IndexFlatIP)``), i.e. cosine similarity.
+
+File format (one ``.npz``, written atomically, read with ``allow_pickle=False``)::
+
+    meta    uint8 bytes of JSON: {"format": "partialfc.gallery", "version": 1, "dim": d,
+            "model": str | null, "names": [...], "next_id": int, "sha256": hex}
+    ids     int64 (n,)      stable faiss ids, one per identity, in the order of "names"
+    sums    float64 (n, d)  sum of the identity's raw embeddings
+    counts  int64 (n,)      number of embeddings summed
+
+``sha256`` covers ids, sums and counts; a file that fails to parse or whose digest differs is
+refused with :class:`GalleryFileError` naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from partialfc.deploy.spec import atomic_write_bytes
+
+GALLERY_FORMAT = "partialfc.gallery"
+GALLERY_VERSION = 1
+
+
+class GalleryFileError(ValueError):
+    """A gallery file is missing, truncated, corrupted or of another format."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Top-k matches per query; ``identities[i][j]`` is None where the gallery ran out."""
+
+    identities: list[list[str | None]]
+    scores: np.ndarray  # (m, k) float32 cosine, -inf where no match
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def _digest(ids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in (ids, sums, counts):
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+class Gallery:
+    """Identity templates keyed by name, searchable by cosine similarity.
+
+    Args:
+        dim: embedding dimension.
+        model: optional model identifier recorded in the file (e.g. the export directory), so
+            that queries from another model can be noticed by the caller.
+    """
+
+    def __init__(self, dim: int, model: str | None = None):
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self.dim = int(dim)
+        self.model = model
+        self._names: dict[str, int] = {}  # name -> faiss id
+        self._sums: dict[str, np.ndarray] = {}  # name -> float64 (d,) running sum
+        self._counts: dict[str, int] = {}
+        self._next_id = 0
+        self._index = faiss.IndexIDMap(faiss.IndexFlatIP(self.dim))
+
+    # ------------------------------------------------------------------ contents
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, identity: str) -> bool:
+        return identity in self._names
+
+    @property
+    def identities(self) -> list[str]:
+        return list(self._names)
+
+    def count(self, identity: str) -> int:
+        """Number of embeddings enrolled for ``identity``."""
+        return self._counts[self._require(identity)]
+
+    def template(self, identity: str) -> np.ndarray:
+        """The normalised template ``(d,)`` of ``identity``."""
+        return _normalize(self._sums[self._require(identity)])
+
+    def _require(self, identity: str) -> str:
+        if identity not in self._names:
+            raise KeyError(f"identity {identity!r} is not enrolled")
+        return identity
+
+    # ------------------------------------------------------------------ updates
+    def enroll(self, identity: str, raw_embeddings: np.ndarray) -> None:
+        """Add ``(n, d)`` unnormalised embeddings of ``identity`` (new or existing)."""
+        if not isinstance(identity, str) or not identity:
+            raise ValueError(f"identity must be a non-empty string, got {identity!r}")
+        e = np.asarray(raw_embeddings, dtype=np.float64)
+        if e.ndim == 1:
+            e = e[None]
+        if e.ndim != 2 or e.shape[1] != self.dim or e.shape[0] == 0:
+            raise ValueError(
+                f"embeddings for {identity!r} must be (n >= 1, {self.dim}), got {e.shape}"
+            )
+        if not np.isfinite(e).all():
+            raise ValueError(f"embeddings for {identity!r} contain NaN or inf")
+        if identity in self._names:
+            self._index.remove_ids(np.array([self._names[identity]], dtype=np.int64))
+            self._sums[identity] = self._sums[identity] + e.sum(0)
+            self._counts[identity] += e.shape[0]
+        else:
+            self._names[identity] = self._next_id
+            self._next_id += 1
+            self._sums[identity] = e.sum(0)
+            self._counts[identity] = e.shape[0]
+        self._add_to_index(identity)
+
+    def _add_to_index(self, identity: str) -> None:
+        vec = _normalize(self._sums[identity])[None]
+        self._index.add_with_ids(vec, np.array([self._names[identity]], dtype=np.int64))
+
+    def remove(self, identity: str) -> None:
+        faiss_id = self._names.pop(self._require(identity))
+        del self._sums[identity], self._counts[identity]
+        removed = self._index.remove_ids(np.array([faiss_id], dtype=np.int64))
+        assert removed == 1, f"index out of sync for {identity!r}"
+
+    # ------------------------------------------------------------------ search
+    def search(self, queries: np.ndarray, k: int = 5) -> SearchResult:
+        """Top-``k`` identities by cosine for each row of ``queries`` ``(m, d)``."""
+        q = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise ValueError(f"queries must be (m, {self.dim}), got {q.shape}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        scores, ids = self._index.search(np.ascontiguousarray(_normalize(q)), k)
+        by_id = {v: n for n, v in self._names.items()}
+        names = [[by_id.get(int(i)) if i >= 0 else None for i in row] for row in ids]
+        scores = np.where(ids >= 0, scores, -np.inf).astype(np.float32)
+        return SearchResult(names, scores)
+
+    # ------------------------------------------------------------------ persistence
+    def _arrays(self):
+        names = list(self._names)
+        ids = np.array([self._names[n] for n in names], dtype=np.int64)
+        sums = np.zeros((len(names), self.dim), dtype=np.float64)
+        for row, n in enumerate(names):
+            sums[row] = self._sums[n]
+        counts = np.array([self._counts[n] for n in names], dtype=np.int64)
+        return names, ids, sums, counts
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the gallery to ``path`` atomically (temp file + ``os.replace``)."""
+        names, ids, sums, counts = self._arrays()
+        meta = {
+            "format": GALLERY_FORMAT,
+            "version": GALLERY_VERSION,
+            "dim": self.dim,
+            "model": self.model,
+            "names": names,
+            "next_id": self._next_id,
+            "sha256": _digest(ids, sums, counts),
+        }
+        buffer = io.BytesIO()
+        meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        np.savez(buffer, meta=meta_bytes, ids=ids, sums=sums, counts=counts)
+        atomic_write_bytes(Path(path), buffer.getvalue())
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> Gallery:
+        """Read a gallery written by :meth:`save`; refuses damaged or foreign files."""
+        path = Path(path)
+        if not path.is_file():
+            raise GalleryFileError(f"{path}: gallery file not found")
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {k: f[k] for k in ("meta", "ids", "sums", "counts")}
+            meta = json.loads(arrays["meta"].tobytes().decode())
+        except Exception as err:  # noqa: BLE001 - zip, zlib, JSON and key errors alike
+            raise GalleryFileError(f"{path}: not a readable gallery file ({err})") from None
+        if meta.get("format") != GALLERY_FORMAT or meta.get("version") != GALLERY_VERSION:
+            raise GalleryFileError(f"{path}: not a {GALLERY_FORMAT} v{GALLERY_VERSION} file")
+        ids, sums, counts = arrays["ids"], arrays["sums"], arrays["counts"]
+        if _digest(ids, sums, counts) != meta.get("sha256"):
+            raise GalleryFileError(f"{path}: checksum mismatch: the file is corrupted")
+        names = meta["names"]
+        n, dim = len(names), int(meta["dim"])
+        if ids.shape != (n,) or sums.shape != (n, dim) or counts.shape != (n,):
+            raise GalleryFileError(
+                f"{path}: array shapes disagree with {n} identities of dim {dim}"
+            )
+        gallery = cls(dim, meta.get("model"))
+        gallery._next_id = int(meta["next_id"])
+        for name, faiss_id, total, c in zip(names, ids, sums, counts, strict=True):
+            gallery._names[name] = int(faiss_id)
+            gallery._sums[name] = total.copy()
+            gallery._counts[name] = int(c)
+        if n:
+            gallery._index.add_with_ids(_normalize(sums), ids)
+        return gallery

@@ -1,0 +1,166 @@
+"""The preprocessing spec stored next to an exported backbone, and the preprocessing itself.
+
+``preprocessing.json`` says everything needed to turn a stored image into the network input
+and to rebuild the network::
+
+    {"format": "partialfc.preprocessing", "version": 1,
+     "model_name": "iresnet50", "model_kwargs": {...}, "embedding_dim": 512,
+     "input_size": [112, 112], "in_channels": 3, "colour_order": "RGB",
+     "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+
+Network input: ``x = (uint8 / 255 - mean) / std`` per channel, layout ``(N, C, H, W)``, the
+same normalisation as training (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SPEC_FORMAT = "partialfc.preprocessing"
+SPEC_VERSION = 1
+SPEC_FILENAME = "preprocessing.json"
+# ITU-R BT.601 luma, used when a grey model is given RGB images
+LUMA_WEIGHTS = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class PreprocessingSpec:
+    """How images become network input, and which network it is."""
+
+    model_name: str
+    model_kwargs: dict = field(default_factory=dict)
+    embedding_dim: int = 512
+    input_size: tuple[int, int] = (112, 112)
+    in_channels: int = 3
+    colour_order: str = "RGB"  # "RGB" (3 channels) or "GREY" (1 channel)
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    def __post_init__(self):
+        if self.in_channels not in (1, 3):
+            raise ValueError(f"in_channels must be 1 or 3, got {self.in_channels}")
+        expected_order = "GREY" if self.in_channels == 1 else "RGB"
+        if self.colour_order != expected_order:
+            raise ValueError(
+                f"colour_order {self.colour_order!r} does not fit in_channels={self.in_channels}"
+                f" (expected {expected_order!r})"
+            )
+        if len(self.mean) != self.in_channels or len(self.std) != self.in_channels:
+            raise ValueError(f"mean/std need {self.in_channels} values, got {self.mean}/{self.std}")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"std must be positive, got {self.std}")
+        if len(self.input_size) != 2 or min(self.input_size) < 1:
+            raise ValueError(f"input_size must be (H, W) > 0, got {self.input_size}")
+
+    @classmethod
+    def from_model_config(cls, model_config: dict) -> PreprocessingSpec:
+        """Spec of a training checkpoint's ``{"name": ..., "kwargs": {...}}`` (training
+        normalisation ``(x / 255 - 0.5) / 0.5``)."""
+        kwargs = dict(model_config.get("kwargs", {}))
+        size = kwargs.get("input_size", 112)
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        channels = int(kwargs.get("in_channels", 3))
+        return cls(
+            model_name=model_config["name"],
+            model_kwargs=kwargs,
+            embedding_dim=int(kwargs.get("embedding_dim", 512)),
+            input_size=(int(h), int(w)),
+            in_channels=channels,
+            colour_order="GREY" if channels == 1 else "RGB",
+            mean=(0.5,) * channels,
+            std=(0.5,) * channels,
+        )
+
+    # -------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["input_size"] = list(self.input_size)
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        return {"format": SPEC_FORMAT, "version": SPEC_VERSION, **d}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "spec") -> PreprocessingSpec:
+        if d.get("format") != SPEC_FORMAT or d.get("version") != SPEC_VERSION:
+            raise ValueError(
+                f"{source}: not a {SPEC_FORMAT} v{SPEC_VERSION} file "
+                f"(format={d.get('format')!r}, version={d.get('version')!r})"
+            )
+        try:
+            return cls(
+                model_name=str(d["model_name"]),
+                model_kwargs=dict(d["model_kwargs"]),
+                embedding_dim=int(d["embedding_dim"]),
+                input_size=tuple(int(v) for v in d["input_size"]),
+                in_channels=int(d["in_channels"]),
+                colour_order=str(d["colour_order"]),
+                mean=tuple(float(v) for v in d["mean"]),
+                std=tuple(float(v) for v in d["std"]),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{source}: invalid preprocessing spec: {err}") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> PreprocessingSpec:
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: cannot read preprocessing spec: {err}") from None
+        return cls.from_dict(d, str(path))
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write_bytes(Path(path), (self.to_json() + "\n").encode())
+
+    # -------------------------------------------------------------- preprocessing
+    def preprocess(self, images: np.ndarray) -> np.ndarray:
+        """uint8 ``(N, H, W)`` or ``(N, H, W, C)`` RGB → float32 ``(N, C, H, W)`` network input.
+
+        Grey images given to an RGB model are replicated to 3 channels; RGB images given to a
+        grey model are converted with BT.601 luma weights. Sizes must match ``input_size``
+        (images are expected aligned and cropped already).
+        """
+        images = np.asarray(images)
+        if images.dtype != np.uint8:
+            raise ValueError(f"images must be uint8, got {images.dtype}")
+        if images.ndim == 3:
+            images = images[..., None]
+        if images.ndim != 4 or images.shape[-1] not in (1, 3):
+            raise ValueError(f"images must be (N, H, W) or (N, H, W, 1|3), got {images.shape}")
+        if tuple(images.shape[1:3]) != tuple(self.input_size):
+            h, w = self.input_size
+            raise ValueError(
+                f"images are {images.shape[1]}×{images.shape[2]} but {self.model_name} expects "
+                f"{h}×{w} aligned crops; align/resize them first"
+            )
+        x = images.astype(np.float32) / 255.0
+        if self.in_channels == 3 and x.shape[-1] == 1:
+            x = np.repeat(x, 3, axis=-1)
+        elif self.in_channels == 1 and x.shape[-1] == 3:
+            x = (x @ LUMA_WEIGHTS)[..., None]
+        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write through a temporary file in the same directory, fsync, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -79,3 +79,27 @@ def test_augmentation_in_dataloader_workers(bundled_omniglot):
     x = normalize_batch(batches[0][0])
     assert x.min() >= -1 and x.max() <= 1
     assert batches[1][1].tolist() == data.labels[32:64].tolist()
+
+
+def test_affine_moves_a_dot_where_the_similarity_says():
+    """Recompute the drawn angle/scale/shift from the same seed and predict where a dot lands:
+    out = scale · R(-angle) · in + shift, in coordinates normalised to [-1, 1]."""
+    size = 41
+    x = torch.zeros(1, size, size, dtype=torch.uint8)
+    x[0, 9:12, 27:30] = 255  # dot centred at (x=28, y=10)
+    transform = RandomAffine(max_rotation_deg=30.0, max_shift_frac=0.1, max_scale_delta=0.2)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        out = transform(x)[0].float()
+        torch.manual_seed(seed)
+        u = [float(torch.rand(())) for _ in range(4)]
+        angle = np.radians(-30 + 60 * u[0])
+        scale = 0.8 + 0.4 * u[1]
+        shift = np.array([-0.2 + 0.4 * u[2], -0.2 + 0.4 * u[3]])
+        dot = (2 * np.array([28.0, 10.0]) + 1) / size - 1
+        rot = np.array([[np.cos(angle), np.sin(angle)], [-np.sin(angle), np.cos(angle)]])
+        expected = ((scale * rot @ dot + shift) + 1) * size / 2 - 0.5
+        ys, xs = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+        mass = out.sum()
+        centre = np.array([(out * xs).sum() / mass, (out * ys).sum() / mass])
+        np.testing.assert_allclose(centre, expected, atol=0.35)

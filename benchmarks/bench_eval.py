@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from partialfc.eval.pair_scoring import _tiles, score_all_pairs
+from partialfc.eval.pair_scoring import score_all_pairs, upper_tiles
 
 
 def bare_gemm_seconds(e: np.ndarray, block: int) -> float:
@@ -24,7 +24,7 @@ def bare_gemm_seconds(e: np.ndarray, block: int) -> float:
     n = e.shape[0]
     buf = np.empty((min(block, n), min(block, n)), dtype=np.float32)
     start = time.perf_counter()
-    for r0, r1, c0, c1 in _tiles(n, block):
+    for r0, r1, c0, c1 in upper_tiles(n, block):
         np.matmul(e[r0:r1], e[c0:c1].T, out=buf[: r1 - r0, : c1 - c0])
     return time.perf_counter() - start
 
@@ -44,7 +44,7 @@ def main() -> None:
     e /= np.linalg.norm(e, axis=1, keepdims=True)
     n_pairs = args.n * (args.n - 1) // 2
     tile_flops = sum(
-        2.0 * (r1 - r0) * (c1 - c0) * args.dim for r0, r1, c0, c1 in _tiles(args.n, args.block)
+        2.0 * (r1 - r0) * (c1 - c0) * args.dim for r0, r1, c0, c1 in upper_tiles(args.n, args.block)
     )
 
     gemm = min(bare_gemm_seconds(e, args.block) for _ in range(args.repeats))

@@ -13,7 +13,13 @@ from .accuracy import (
     fold_ids,
     kfold_accuracy,
 )
-from .embedding import embed_images, flip_horizontal, l2_normalize
+from .embedding import (
+    embed_images,
+    flip_horizontal,
+    l2_normalize,
+    resize_images,
+    with_input_size,
+)
 from .evaluate import evaluate_model
 from .identification import (
     CmcCurve,
@@ -90,6 +96,7 @@ __all__ = [
     "pool_templates",
     "proportion",
     "ranks_from_neighbors",
+    "resize_images",
     "roc_auc",
     "roc_curve",
     "score_all_pairs",
@@ -97,6 +104,7 @@ __all__ = [
     "tar_at_far",
     "tar_at_threshold",
     "tar_at_zero_far",
+    "with_input_size",
     "verification_report",
     "write_report",
 ]

@@ -164,7 +164,7 @@ def _prepare(embeddings, labels, block: int):
     return np.ascontiguousarray(e[order]), labels[order]
 
 
-def _tiles(n: int, block: int):
+def upper_tiles(n: int, block: int):
     """Upper-triangle tiles ``(r0, r1, c0, c1)`` with ``c0 >= r0``."""
     starts = range(0, n, block)
     for r0 in starts:
@@ -211,7 +211,7 @@ def score_all_pairs(
     n = e.shape[0]
     acc = _Accumulator(n_bins, keep_top, min(block, n) ** 2)
     tile = np.empty(min(block, n) ** 2, dtype=np.float32)
-    for r0, r1, c0, c1 in _tiles(n, block):
+    for r0, r1, c0, c1 in upper_tiles(n, block):
         s = tile[: (r1 - r0) * (c1 - c0)].reshape(r1 - r0, c1 - c0)
         np.matmul(e[r0:r1], e[c0:c1].T, out=s)
         valid, same = _pair_masks(labels, r0, r1, c0, c1)
@@ -243,7 +243,7 @@ def count_scores_at_least(embeddings, thresholds, labels=None, *, block: int = 4
     t = np.sort(np.asarray(thresholds, dtype=np.float32).reshape(-1))
     imp_counts = np.zeros(t.size, dtype=np.int64)
     gen_counts = np.zeros(t.size, dtype=np.int64)
-    for r0, r1, c0, c1 in _tiles(e.shape[0], block):
+    for r0, r1, c0, c1 in upper_tiles(e.shape[0], block):
         s = e[r0:r1] @ e[c0:c1].T
         valid, same = _pair_masks(labels, r0, r1, c0, c1)
         mask = np.ones(s.shape, dtype=bool) if valid is None else valid

@@ -23,7 +23,7 @@ from .identification import (
 from .pair_scoring import PairScoreSummary
 from .results import Result
 from .roc import EqualErrorRate, RocCurve, equal_error_rate, roc_curve
-from .tar_at_far import InsufficientPairsError, TarAtFar, tar_at_far
+from .tar_at_far import TarAtFar, tar_at_far
 
 DEFAULT_FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 
@@ -114,9 +114,7 @@ def verification_report(
                 results.append(summary.tar_at_far(far, genuine))
             else:
                 results.append(tar_at_far(genuine, impostor, far))
-        except InsufficientPairsError as err:
-            unresolved.append(str(err))
-        except ValueError as err:  # e.g. not enough top scores kept
+        except ValueError as err:  # InsufficientPairsError, or too few top scores kept
             unresolved.append(str(err))
     return VerificationReport(
         name=name,

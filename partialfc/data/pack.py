@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from partialfc.data.arrays import check_contiguous_labels
 from partialfc.data.decode import decode_image, encode_image, image_extension
 from partialfc.data.recordio import IRHeader, RecordIODataset, RecordIOWriter, pack_record
 
@@ -84,7 +85,7 @@ def pack_images(
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
     if len(paths) == 0:
         raise ValueError("nothing to pack: no images")
-    num_classes = int(labels.max()) + 1
+    num_classes = check_contiguous_labels(labels, "pack_images labels")
     order = np.argsort(labels, kind="stable") if header else np.arange(len(labels))
     rec_path = Path(rec_path)
     work = partial(_prepare, resize=resize, quality=quality)

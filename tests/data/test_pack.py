@@ -85,6 +85,8 @@ def test_unreadable_image_fails_cleanly_or_is_skipped(omniglot_folder, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.png"]  # nothing half-written
     report = pack_images(paths, [0, 0, 1, 1, 1], tmp_path / "b.rec", skip_bad=True, progress=False)
     assert report.images == 4 and len(report.skipped) == 1
+    with pytest.raises(ValueError, match=r"labels are not contiguous 0..2.*\[1\]"):
+        pack_images(paths[:2], [0, 2], tmp_path / "d.rec", progress=False)
     with pytest.raises(ValueError, match=r"classes \[1\] have no readable image"):
         pack_images(
             paths[:2] + [str(bad)], [0, 0, 1], tmp_path / "c.rec", skip_bad=True, progress=False

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     evaluator = None
     if cfg.eval.protocols and (cfg.eval.at_end or cfg.eval.every_steps) and not args.no_eval:
-        evaluator = Evaluator(
+        evaluator = Evaluator.from_names(
             cfg.eval.protocols, cfg.data.input_size, cfg.eval.flip_test, cfg.eval.batch_size
         )
     try:

@@ -168,9 +168,11 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
 
 
-def _suggest(key: str, choices) -> str:
+def _suggest(key: str, choices, prefix: str = "") -> str:
     close = difflib.get_close_matches(key, list(choices), n=3, cutoff=0.6)
-    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    if not close:
+        return f"; valid keys here: {', '.join(choices)}"
+    return f"; did you mean {', '.join(repr(prefix + c) for c in close)}?"
 
 
 def _is_optional(tp) -> tuple[bool, Any]:
@@ -198,6 +200,11 @@ def _coerce(value: Any, tp, where: str):
     elif inner is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif inner is str:
         if isinstance(value, str):
             return value
@@ -230,7 +237,8 @@ def _build(cls, data: Any, where: str):
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in names:
-            raise ConfigError(f"unknown config key {path!r}{_suggest(str(key), names)}")
+            prefix = f"{where}." if where else ""
+            raise ConfigError(f"unknown config key {path!r}{_suggest(str(key), names, prefix)}")
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value if value is not None else {}, path)
@@ -263,7 +271,10 @@ def _set_dotted(data: dict, dotted: str, value: Any, source: str) -> None:
         names = [f.name for f in dataclasses.fields(cls)]
         if key not in names:
             where = ".".join(keys[: i + 1])
-            raise ConfigError(f"{source}: unknown config key {where!r}{_suggest(key, names)}")
+            prefix = "".join(k + "." for k in keys[:i])
+            raise ConfigError(
+                f"{source}: unknown config key {where!r}{_suggest(key, names, prefix)}"
+            )
         tp = _hints(cls)[key]
         if i == len(keys) - 1:
             node[key] = value

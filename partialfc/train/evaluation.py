@@ -70,15 +70,21 @@ def summarize(reports: list) -> dict:
 class Evaluator:
     """``evaluator(embed_fn, out_dir) -> summary``: runs the protocols, writes the report."""
 
-    def __init__(self, names: list[str], input_size: int, flip: bool, batch_size: int, log=print):
-        self.protocols = build_protocols(names, input_size, flip, batch_size)
+    def __init__(self, protocols: list, log=print):
+        if not protocols:
+            raise ValueError("Evaluator needs at least one protocol")
+        self.protocols = list(protocols)
         self.log = log
+        self.reports: list = []
+
+    @classmethod
+    def from_names(cls, names: list[str], input_size: int, flip: bool, batch_size: int, log=print):
+        return cls(build_protocols(names, input_size, flip, batch_size), log=log)
 
     def __call__(self, embed_fn, out_dir: Path, title: str = "Verification", meta=None) -> dict:
         from partialfc.eval import evaluate_model
 
-        reports = evaluate_model(
+        self.reports = evaluate_model(
             embed_fn, self.protocols, out_dir, title=title, meta=meta, log=self.log
         )
-        self.reports = reports
-        return summarize(reports)
+        return summarize(self.reports)

@@ -1,0 +1,73 @@
+"""Small real-data training set-ups shared by the training tests (module level: picklable)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from partialfc.train.config import load_config
+
+TINY_MODEL_CONFIG = {"name": "test_mlp", "kwargs": {"in_features": 784, "embedding_dim": 16}}
+
+
+class TinyMLP(nn.Module):
+    """28×28 → 16-d; no batch norm or dropout, so a 2-rank step equals a 1-rank step exactly."""
+
+    def __init__(self, in_features: int = 784, embedding_dim: int = 16):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(in_features, 64), nn.PReLU(64), nn.Linear(64, embedding_dim)
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def tiny_backbone(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return TinyMLP()
+
+
+def omniglot_subset(num_classes: int):
+    """The first ``num_classes`` Omniglot background classes (20 real drawings each)."""
+    from partialfc.data.arrays import load_omniglot
+    from partialfc.data.datasets import ArrayDataset
+
+    data = load_omniglot("background")
+    keep = data.labels < num_classes
+    return ArrayDataset(data.images[keep], data.labels[keep])
+
+
+def tiny_config(run_dir: Path, *overrides: str):
+    """fp32, no workers, no eval; tests add what they need through ``overrides``."""
+    base = [
+        "data.source=omniglot",
+        "data.input_size=28",
+        "data.num_workers=0",
+        "data.augment.hflip=false",
+        "model.embedding_dim=16",
+        "head.margin.scale=16.0",
+        "head.margin.m2_rad=0.3",
+        "optim.grad_clip_norm=null",
+        "train.precision=fp32",
+        "train.log_every=1",
+        "train.diagnostics_every=0",
+        "checkpoint.every_steps=0",
+        "checkpoint.at_epoch_end=false",
+        "checkpoint.keep_last=10",
+        "run.progress=false",
+        f"run.output_dir={run_dir}",
+        "run.name=run",
+    ]
+    return load_config(None, base + list(overrides))
+
+
+def flat_params(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def as_numpy(losses) -> np.ndarray:
+    return np.asarray(losses, dtype=np.float64)

@@ -204,3 +204,13 @@ def test_dataloader_workers_and_channels_last_collate(tmp_path):
     assert torch.equal(images_cl, reference[0]) and reference[0].is_contiguous()
     assert labels.tolist() == [1, 2, 0, 1] and index.tolist() == [4, 5, 6, 7]
     np.testing.assert_array_equal(images_cl[0].permute(1, 2, 0).numpy(), imgs[4])
+
+
+def test_malformed_idx_line_is_reported(tmp_path):
+    rec = write_hand_set(tmp_path, [(0, hand_payload(0, 0, b"data"))])
+    (tmp_path / "hand.idx").write_text("0\t0\n1\tabc\n")
+    with pytest.raises(RecordIOError, match=r"hand.idx: line 2: expected 'key<TAB>offset'"):
+        RecordIOReader(rec)
+    (tmp_path / "hand.idx").write_text("0\t0\n0\t0\n")
+    with pytest.raises(RecordIOError, match=r"hand.idx: record id 0 appears twice"):
+        RecordIOReader(rec)

@@ -39,3 +39,29 @@ def small_model(omniglot_images):
         for start in range(0, 1000, 250):
             model(torch.from_numpy(spec.preprocess(images[start : start + 250])))
     return model.eval(), spec
+
+
+@pytest.fixture(scope="session")
+def checkpoint(small_model, tmp_path_factory):
+    """A training-checkpoint directory (backbone.safetensors + model.json) of small_model."""
+    from partialfc.train.checkpoint import save_backbone
+
+    path = tmp_path_factory.mktemp("ckpt")
+    save_backbone(small_model[0], MODEL_CONFIG, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def exported(checkpoint, tmp_path_factory):
+    """``partialfc export`` of the checkpoint (the one ONNX export of the suite): (report, dir)."""
+    import contextlib
+    import io
+    import json
+
+    from partialfc.cli import main
+
+    out = tmp_path_factory.mktemp("export")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["export", str(checkpoint), str(out)]) == 0
+    return json.loads(stdout.getvalue()), out

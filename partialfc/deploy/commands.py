@@ -1,0 +1,257 @@
+"""``partialfc export | embed | verify | search``.
+
+    partialfc export RUN_OR_CHECKPOINT OUT_DIR
+    partialfc embed MODEL INPUT --out embeddings.npz [--flip]
+    partialfc verify MODEL --calibrate INPUT --far 1e-3 --save-threshold t.json --pair A.png B.png
+    partialfc verify MODEL --threshold t.json --pairs pairs.txt
+    partialfc search MODEL GALLERY.npz --enroll INPUT          # one identity per label
+    partialfc search MODEL GALLERY.npz --query INPUT [--top-k 5] [--threshold t.json]
+
+``MODEL`` is anything ``Embedder.load`` accepts (exported dir, .onnx, training run or
+checkpoint). ``INPUT`` is a folder of aligned faces (``root/<identity>/<image>``), a RecordIO
+``.rec`` set, or (for queries and pairs) single image files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    if command == "export":
+        parser.add_argument("checkpoint", help="training checkpoint directory or run folder")
+        parser.add_argument("out_dir", help="directory for backbone.onnx/.safetensors + spec")
+        parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
+        parser.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
+        return
+    parser.add_argument("model", help="exported dir, .onnx file, or training checkpoint/run")
+    parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto")
+    parser.add_argument("--flip", action="store_true", help="flip test: f(x) + f(mirror(x))")
+    parser.add_argument("--batch-size", type=int, default=256)
+    if command == "embed":
+        parser.add_argument("input", help="image folder or .rec set")
+        parser.add_argument("--out", required=True, help="output .npz")
+    elif command == "verify":
+        parser.add_argument("--pair", nargs=2, metavar=("IMAGE_A", "IMAGE_B"), help="one pair")
+        parser.add_argument("--pairs", help="text file: 'path_a path_b' per line")
+        group = parser.add_mutually_exclusive_group(required=True)
+        group.add_argument("--threshold", help="calibrated threshold JSON")
+        group.add_argument("--calibrate", help="image folder / .rec of labelled impostors")
+        parser.add_argument("--far", type=float, default=1e-3, help="target FAR (calibration)")
+        parser.add_argument("--save-threshold", help="write the calibrated threshold here")
+    elif command == "search":
+        parser.add_argument("gallery", help="gallery .npz (created on first --enroll)")
+        parser.add_argument("--enroll", help="image folder / .rec: one template per identity")
+        parser.add_argument("--remove", nargs="+", default=[], help="identities to remove")
+        parser.add_argument("--query", help="image file, image folder or .rec to search")
+        parser.add_argument("--top-k", type=int, default=5)
+        parser.add_argument("--threshold", help="calibrated threshold JSON: open-set decision")
+    else:
+        raise ValueError(f"unknown deploy command {command!r}")
+
+
+# ---------------------------------------------------------------------- inputs
+def open_labelled_set(path: str | Path, grayscale: bool):
+    """``(dataset, identity names per label)`` for an image folder or a ``.rec`` set."""
+    from partialfc.data import ImageFolderDataset, RecordIODataset
+
+    path = Path(path)
+    if path.suffix == ".rec":
+        dataset = RecordIODataset(path, grayscale=grayscale)
+        names = [str(i) for i in range(dataset.num_classes)]
+        return dataset, names
+    if path.is_dir():
+        dataset = ImageFolderDataset(path, grayscale=grayscale)
+        return dataset, list(dataset.classes)
+    raise ValueError(f"{path}: expected an image folder (root/<identity>/<image>) or a .rec file")
+
+
+def _hwc(image) -> np.ndarray:
+    a = image.numpy()
+    return a[0] if a.shape[0] == 1 else a.transpose(1, 2, 0)
+
+
+def embed_dataset(embedder, dataset, flip: bool, batch_size: int, desc: str) -> np.ndarray:
+    """Raw (unnormalised) embeddings ``(N, d)`` of every image, with a progress bar."""
+    out = []
+    with tqdm(total=len(dataset), desc=desc, unit="img", file=sys.stderr) as bar:
+        for start in range(0, len(dataset), batch_size):
+            stop = min(start + batch_size, len(dataset))
+            batch = np.stack([_hwc(dataset[i][0]) for i in range(start, stop)])
+            out.append(embedder.embed_raw(batch, flip=flip, batch_size=batch_size))
+            bar.update(stop - start)
+    return np.concatenate(out)
+
+
+def read_images(paths: list[str], grayscale: bool) -> np.ndarray:
+    from partialfc.data import decode_image
+    from partialfc.data.datasets import read_file
+
+    images = []
+    for p in paths:
+        try:
+            images.append(decode_image(read_file(p), p, grayscale=grayscale))
+        except OSError as err:
+            raise ValueError(f"{p}: cannot read image: {err}") from None
+    return np.stack(images)
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _atomic_savez(path: Path, **arrays) -> None:
+    from partialfc.deploy.spec import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+# ---------------------------------------------------------------------- commands
+def run(args: argparse.Namespace) -> int:
+    try:
+        return {"export": _export, "embed": _embed, "verify": _verify, "search": _search}[
+            args.command
+        ](args)
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        print(f"partialfc {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+def _export(args) -> int:
+    from partialfc.deploy.export import export_checkpoint
+
+    result = export_checkpoint(
+        args.checkpoint, args.out_dir, opset=args.opset, check=not args.no_check
+    )
+    print(json.dumps(result.to_dict(), indent=2))
+    if result.max_abs_diff is not None:
+        print(f"onnxruntime vs PyTorch: max |diff| = {result.max_abs_diff:.3g}", file=sys.stderr)
+    return 0
+
+
+def _load(args):
+    from partialfc.deploy.embedder import Embedder
+
+    return Embedder.load(args.model, backend=args.backend)
+
+
+def _embed(args) -> int:
+    embedder = _load(args)
+    dataset, names = open_labelled_set(args.input, embedder.spec.in_channels == 1)
+    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "embed")
+    _atomic_savez(
+        Path(args.out),
+        embeddings=_normalize(raw).astype(np.float32),
+        norms=np.linalg.norm(raw, axis=1).astype(np.float32),
+        labels=np.asarray(dataset.labels, dtype=np.int64),
+        identity_names=np.asarray(names, dtype=str),
+    )
+    print(f"{len(raw)} embeddings of dim {raw.shape[1]} written to {args.out}")
+    return 0
+
+
+def _threshold(args, embedder):
+    from partialfc.deploy.verify import CalibratedThreshold, calibrate
+
+    if args.threshold:
+        return CalibratedThreshold.load(args.threshold)
+    dataset, _ = open_labelled_set(args.calibrate, embedder.spec.in_channels == 1)
+    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "calibrate")
+    t = calibrate(_normalize(raw), dataset.labels, args.far)
+    low, high = t.far_interval_95
+    print(
+        f"threshold {t.threshold:.4f} at FAR {t.target_far:g}: {t.false_accepts} of "
+        f"{t.n_impostor} calibration impostors accepted (95% CI {low:.2g}-{high:.2g})",
+        file=sys.stderr,
+    )
+    if args.save_threshold:
+        t.save(args.save_threshold)
+    return t
+
+
+def _verify(args) -> int:
+    from partialfc.deploy.verify import decide
+
+    embedder = _load(args)
+    threshold = _threshold(args, embedder)
+    if args.pairs:
+        lines = [ln.split() for ln in Path(args.pairs).read_text().splitlines() if ln.strip()]
+        bad = [i + 1 for i, parts in enumerate(lines) if len(parts) != 2]
+        if bad:
+            raise ValueError(f"{args.pairs}: line {bad[0]}: expected 'path_a path_b'")
+        pairs = [tuple(parts) for parts in lines]
+    elif args.pair:
+        pairs = [tuple(args.pair)]
+    else:
+        return 0  # calibration only
+    grey = embedder.spec.in_channels == 1
+    for start in tqdm(range(0, len(pairs), args.batch_size), desc="verify", file=sys.stderr):
+        chunk = pairs[start : start + args.batch_size]
+        a = embedder.embed(read_images([p for p, _ in chunk], grey), flip=args.flip)
+        b = embedder.embed(read_images([q for _, q in chunk], grey), flip=args.flip)
+        result = decide(a, b, threshold)
+        for (p, q), s, ok in zip(chunk, result.score, result.accept, strict=True):
+            print(json.dumps({"a": p, "b": q, "score": round(float(s), 6), "match": bool(ok)}))
+    return 0
+
+
+def _search(args) -> int:
+    from partialfc.deploy.gallery import Gallery
+    from partialfc.deploy.verify import CalibratedThreshold
+
+    embedder = _load(args)
+    path = Path(args.gallery)
+    gallery = Gallery.open(path) if path.exists() else Gallery(embedder.embedding_dim, args.model)
+    if gallery.dim != embedder.embedding_dim:
+        raise ValueError(f"{path}: gallery dim {gallery.dim} != model's {embedder.embedding_dim}")
+    grey = embedder.spec.in_channels == 1
+    changed = False
+    for name in args.remove:
+        gallery.remove(name)
+        changed = True
+    if args.enroll:
+        dataset, names = open_labelled_set(args.enroll, grey)
+        raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "enroll")
+        for label in np.unique(dataset.labels):
+            gallery.enroll(names[label], raw[dataset.labels == label])
+        changed = True
+    if changed:
+        gallery.save(path)
+        print(f"{path}: {len(gallery)} identities", file=sys.stderr)
+    if args.query:
+        query = Path(args.query)
+        if query.is_file() and query.suffix != ".rec":
+            sources, raw = [str(query)], embedder.embed_raw(read_images([str(query)], grey))
+        else:
+            dataset, _ = open_labelled_set(query, grey)
+            raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "query")
+            paths = getattr(dataset, "paths", None)
+            sources = (
+                list(paths) if paths is not None else [f"{query}#{i}" for i in range(len(raw))]
+            )
+        threshold = CalibratedThreshold.load(args.threshold) if args.threshold else None
+        result = gallery.search(raw, k=args.top_k)
+        for src, ids, scores in zip(sources, result.identities, result.scores, strict=True):
+            row = {
+                "query": src,
+                "matches": [
+                    {"identity": i, "score": round(float(s), 6)}
+                    for i, s in zip(ids, scores, strict=True)
+                    if i is not None
+                ],
+            }
+            if threshold is not None:
+                top = row["matches"][0] if row["matches"] else None
+                hit = top is not None and top["score"] >= threshold.threshold
+                row["accepted"] = top["identity"] if hit else None
+            print(json.dumps(row))
+    return 0

@@ -1,0 +1,71 @@
+"""The export / embed / verify / search commands end to end on a folder of real images."""
+
+from __future__ import annotations
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+
+from partialfc.cli import main
+from partialfc.deploy import Embedder, Gallery
+
+
+@pytest.fixture(scope="module")
+def folder(omniglot_images, tmp_path_factory):
+    """8 identities × 5 PNG drawings in root/<identity>/<image>.png."""
+    images, labels = omniglot_images
+    root = tmp_path_factory.mktemp("faces")
+    for c in range(8):
+        (root / f"char{c}").mkdir()
+        for j in range(5):
+            cv2.imwrite(str(root / f"char{c}" / f"{j}.png"), images[c * 20 + j])
+    return root
+
+
+def test_embed_writes_normalised_embeddings_equal_to_the_api(checkpoint, folder, tmp_path, capsys):
+    out = tmp_path / "e.npz"
+    assert main(["embed", str(checkpoint), str(folder), "--out", str(out), "--flip"]) == 0
+    with np.load(out, allow_pickle=False) as f:
+        e, labels, names = f["embeddings"], f["labels"], f["identity_names"]
+    assert e.shape == (40, 64) and list(labels[:6]) == [0] * 5 + [1]
+    assert list(names) == [f"char{c}" for c in range(8)]
+    img = cv2.imread(str(folder / "char0" / "0.png"), cv2.IMREAD_GRAYSCALE)[None]
+    np.testing.assert_allclose(e[0], Embedder.load(checkpoint).embed(img, flip=True)[0], atol=1e-6)
+
+
+def test_verify_calibrates_saves_and_scores_a_pair(checkpoint, folder, tmp_path, capsys):
+    t = tmp_path / "t.json"
+    a, b = folder / "char0" / "0.png", folder / "char0" / "1.png"
+    args = ["verify", str(checkpoint), "--calibrate", str(folder), "--far", "0.05"]
+    assert main([*args, "--save-threshold", str(t), "--pair", str(a), str(b)]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    saved = json.loads(t.read_text())
+    assert saved["n_impostor"] == 40 * 39 // 2 - 8 * 10 and saved["target_far"] == 0.05
+    assert row["match"] == (row["score"] >= saved["threshold"])
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text(f"{a} {b}\n{a} {a}\n")
+    assert main(["verify", str(checkpoint), "--threshold", str(t), "--pairs", str(pairs)]) == 0
+    rows = [json.loads(r) for r in capsys.readouterr().out.strip().splitlines()]
+    assert rows[0]["score"] == pytest.approx(row["score"], abs=1e-6)
+    assert rows[1]["score"] == pytest.approx(1.0, abs=1e-5) and rows[1]["match"]
+
+
+def test_search_enrolls_persists_and_finds_the_right_identity(checkpoint, folder, tmp_path, capsys):
+    gallery_path = tmp_path / "g.npz"
+    assert main(["search", str(checkpoint), str(gallery_path), "--enroll", str(folder)]) == 0
+    gallery = Gallery.open(gallery_path)
+    assert len(gallery) == 8 and gallery.count("char3") == 5
+    query = folder / "char3" / "2.png"  # an enrolled image: its own template ranks first
+    assert main(["search", str(checkpoint), str(gallery_path), "--query", str(query)]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["matches"][0]["identity"] == "char3" and len(row["matches"]) == 5
+    assert main(["search", str(checkpoint), str(gallery_path), "--remove", "char3"]) == 0
+    assert "char3" not in Gallery.open(gallery_path)
+
+
+def test_bad_input_is_a_clear_error(checkpoint, tmp_path, capsys):
+    code = main(["embed", str(checkpoint), str(tmp_path / "nowhere"), "--out", "x.npz"])
+    assert code == 2
+    assert "nowhere: expected an image folder" in capsys.readouterr().err

@@ -197,7 +197,7 @@ class RowSparseSGD(RowSparseOptimizer):
             grad.add_(weight, alpha=wd)
         if self._has_momentum:
             buf = state["momentum_buffer"]
-            buf.mul_(mom).add_(grad)
+            torch.add(grad, buf, alpha=mom, out=buf)  # buf = mom * buf + g, one pass
             if group["nesterov"]:
                 grad.add_(buf, alpha=mom)
             else:

@@ -195,13 +195,21 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
         record = plan.record
         g = record.grad if record is not None else torch.empty_like(w)
         torch.mm(q.t(), x, out=g)  # G'_j = inv_j G_j
-        along = torch.bmm(g.unsqueeze(1), w.unsqueeze(2)).view(-1).mul_(inv_norm * inv_norm)
+        along = _rowwise_dot(g, w).mul_(inv_norm * inv_norm)
         g.addcmul_(w, along.unsqueeze(1), value=-1.0)
         ctx.exp = ctx.argmax = None
         if record is not None:
             record.grad_ready = True
             return grad_x, None, None
         return grad_x, g, None
+
+
+def _rowwise_dot(a: Tensor, b: Tensor, chunk_rows: int = 8192) -> Tensor:
+    """``(a * b).sum(1)`` without an ``a``-sized temporary (chunks of rows)."""
+    out = a.new_empty(a.shape[0])
+    for i in range(0, a.shape[0], chunk_rows):
+        torch.sum(a[i : i + chunk_rows] * b[i : i + chunk_rows], dim=1, out=out[i : i + chunk_rows])
+    return out
 
 
 @dataclass

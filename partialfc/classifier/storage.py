@@ -20,6 +20,7 @@ from torch import Tensor
 __all__ = ["RowTable", "ReusableBuffer", "stochastic_round_to_bfloat16", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
+CHUNK_ROWS = 1 << 15  # rows per staging / rounding chunk (32768 x 512 x 4 B = 64 MiB)
 
 
 def stochastic_round_to_bfloat16(values: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -99,16 +100,22 @@ class RowTable:
         return self.data.shape
 
     def read(self, rows: Tensor, out: ReusableBuffer | None = None) -> Tensor:
-        """Float32 copy of ``data[rows]`` on the compute device, in a reused buffer."""
+        """Float32 copy of ``data[rows]`` on the compute device, in a reused buffer.
+
+        Conversions go through a staging buffer of at most ``CHUNK_ROWS`` rows, so a compact
+        table never needs a full-size temporary in its own dtype.
+        """
         n, dim = rows.numel(), self.data.shape[1]
         dest = (out or self._compute).get(n, dim)
         rows_s = rows.to(self.storage_device)
         if not self.staged and self.dtype == torch.float32:
             torch.index_select(self.data, 0, rows_s, out=dest)
             return dest
-        stage = self._staging.get(n, dim)
-        torch.index_select(self.data, 0, rows_s, out=stage)
-        dest.copy_(stage, non_blocking=True)
+        for i in range(0, n, CHUNK_ROWS):
+            part = rows_s[i : i + CHUNK_ROWS]
+            stage = self._staging.get(part.numel(), dim)
+            torch.index_select(self.data, 0, part, out=stage)
+            dest[i : i + part.numel()].copy_(stage)
         return dest
 
     def write(self, rows: Tensor, values: Tensor, generator: torch.Generator | None) -> None:
@@ -117,13 +124,19 @@ class RowTable:
         ``values`` may be overwritten (rounding works in place on its bits).
         """
         rows_s = rows.to(self.storage_device)
-        if self.dtype == torch.bfloat16:
-            values = stochastic_round_to_bfloat16(values.contiguous(), generator)
-        if values.device != self.storage_device:
-            stage = self._staging.get(*values.shape)
-            stage.copy_(values)
-            values = stage
-        self.data.index_copy_(0, rows_s, values.to(self.dtype))
+        if not self.staged and self.dtype == torch.float32:
+            self.data.index_copy_(0, rows_s, values)
+            return
+        values = values.contiguous()
+        for i in range(0, rows_s.numel(), CHUNK_ROWS):
+            part = values[i : i + CHUNK_ROWS]
+            if self.dtype == torch.bfloat16:
+                part = stochastic_round_to_bfloat16(part, generator)
+            if part.device != self.storage_device or part.dtype != self.dtype:
+                stage = self._staging.get(*part.shape)
+                stage.copy_(part)
+                part = stage
+            self.data.index_copy_(0, rows_s[i : i + part.shape[0]], part)
 
     def rows_float32(self, start: int, stop: int) -> Tensor:
         """Float32 copy of a contiguous row range (checkpoints, tests)."""

@@ -1,19 +1,31 @@
 """Margin math, dense margin-softmax heads and metric-learning losses."""
 
+from partialfc.losses.heads import MarginSoftmaxHead, SoftmaxHead, SubcenterAssignment
+from partialfc.losses.margin_softmax import margin_cross_entropy, normalized_margin_cross_entropy
 from partialfc.losses.margins import (
     ArcFaceMargin,
     CombinedMargin,
     CosFaceMargin,
     NormFaceMargin,
     SphereFaceMargin,
+    angle_from_cos,
 )
+from partialfc.losses.penalties import inter_angular_penalty, intra_angular_penalty
 from partialfc.losses.subcenter import max_over_subcenters
 
 __all__ = [
     "ArcFaceMargin",
     "CombinedMargin",
     "CosFaceMargin",
+    "MarginSoftmaxHead",
     "NormFaceMargin",
+    "SoftmaxHead",
     "SphereFaceMargin",
+    "SubcenterAssignment",
+    "angle_from_cos",
+    "inter_angular_penalty",
+    "intra_angular_penalty",
+    "margin_cross_entropy",
     "max_over_subcenters",
+    "normalized_margin_cross_entropy",
 ]

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "angle_from_cos",
     "CombinedMargin",
     "ArcFaceMargin",
     "CosFaceMargin",
@@ -43,6 +44,22 @@ __all__ = [
 
 def _is_finite_number(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _sin_from_cos(cos: Tensor) -> Tensor:
+    eps = torch.finfo(cos.dtype).eps
+    return ((1.0 - cos) * (1.0 + cos)).clamp_min(eps).sqrt()
+
+
+def angle_from_cos(cos: Tensor) -> Tensor:
+    """Angle in radians, ``arccos(cos)``, with finite gradients at |cos| = 1.
+
+    Computed as ``atan2(sqrt(max(1 - cos^2, eps)), cos)`` in float32 or wider; ``cos`` is
+    clamped into [-1, 1] first. Away from |cos| = 1 this equals ``torch.acos`` exactly up to
+    rounding, with the same gradient ``-1 / sin(theta)``.
+    """
+    work = cos.to(torch.promote_types(cos.dtype, torch.float32)).clamp(-1.0, 1.0)
+    return torch.atan2(_sin_from_cos(work), work)
 
 
 class CombinedMargin(nn.Module):
@@ -117,9 +134,7 @@ class CombinedMargin(nn.Module):
     def target_logit(self, cos: Tensor) -> Tensor:
         """Unscaled target logit ``f(arccos(cos))`` for cosines (any shape), float32 or wider."""
         work = cos.to(torch.promote_types(cos.dtype, torch.float32)).clamp(-1.0, 1.0)
-        eps = torch.finfo(work.dtype).eps
-        sin = ((1.0 - work) * (1.0 + work)).clamp_min(eps).sqrt()
-        return self._margin_from_cos_sin(work, sin)
+        return self._margin_from_cos_sin(work, _sin_from_cos(work))
 
     def _margin_from_cos_sin(self, cos: Tensor, sin: Tensor) -> Tensor:
         theta = torch.atan2(sin, cos)

@@ -23,6 +23,8 @@ def max_over_subcenters(cos: Tensor, num_subcenters: int) -> tuple[Tensor, Tenso
     Returns:
         ``(max_cos, argmax)``: ``(B, N)`` maximum cosine per class and ``(B, N)`` long index
         ``k`` in ``[0, K)`` of the sub-center that attains it. Gradients flow to the argmax entry.
+        For K = 1 the cosines are returned as they are and the argmax is a broadcast view of a
+        single zero (read-only; no ``(B, N)`` allocation).
     """
     if isinstance(num_subcenters, bool) or not isinstance(num_subcenters, int):
         raise ValueError(f"num_subcenters must be an int >= 1, got {num_subcenters!r}")
@@ -35,7 +37,7 @@ def max_over_subcenters(cos: Tensor, num_subcenters: int) -> tuple[Tensor, Tenso
             f"cos has {cos.shape[1]} columns, not a multiple of num_subcenters={num_subcenters}"
         )
     if num_subcenters == 1:
-        return cos, torch.zeros(cos.shape, dtype=torch.long, device=cos.device)
+        return cos, torch.zeros((), dtype=torch.long, device=cos.device).expand(cos.shape)
     batch, columns = cos.shape
     grouped = cos.reshape(batch, columns // num_subcenters, num_subcenters)
     max_cos, argmax = grouped.max(dim=2)

@@ -1,0 +1,289 @@
+"""Dense heads and the fused margin cross-entropy, checked against an independent composition
+of torch ops (F.normalize, matmul, the margin, F.cross_entropy) and by float64 gradcheck."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from partialfc.losses.heads import MarginSoftmaxHead, SoftmaxHead
+from partialfc.losses.margin_softmax import margin_cross_entropy, normalized_margin_cross_entropy
+from partialfc.losses.margins import (
+    ArcFaceMargin,
+    CombinedMargin,
+    CosFaceMargin,
+    NormFaceMargin,
+    SphereFaceMargin,
+)
+
+MARGINS = [
+    ArcFaceMargin(0.5, 8.0),
+    CosFaceMargin(0.35, 8.0),
+    SphereFaceMargin(1.35, 8.0),
+    CombinedMargin(1.2, 0.3, 0.2, 8.0),
+    NormFaceMargin(8.0),
+]
+IDS = ["arcface", "cosface", "sphereface", "combined", "normface"]
+
+
+def _reference_loss(embeddings, centers, labels, margin):
+    cos = F.normalize(embeddings, dim=1) @ F.normalize(centers, dim=1).T
+    return F.cross_entropy(margin(cos, labels), labels)
+
+
+def _hard_batch(dtype=torch.float64):
+    """Embeddings on, next to, opposite to and past pi - m from their centers."""
+    torch.manual_seed(1)
+    centers = torch.randn(7, 5, dtype=dtype)
+    labels = torch.tensor([0, 1, 2, 3, 4, 5, 6, 0])
+    embeddings = torch.randn(8, 5, dtype=dtype)
+    embeddings[0] = 3.0 * centers[0]  # |cos| = 1 exactly (up to rounding)
+    embeddings[1] = centers[1] + 1e-3 * torch.randn(5, dtype=dtype)  # near |cos| = 1
+    embeddings[2] = -centers[2] + 0.05 * torch.randn(5, dtype=dtype)  # near cos = -1
+    embeddings[3] = -centers[3] + 0.4 * torch.randn(5, dtype=dtype)  # past pi - m
+    return embeddings, centers, labels
+
+
+@pytest.mark.parametrize("margin", MARGINS, ids=IDS)
+def test_fused_paths_match_reference_values_and_gradients(margin):
+    embeddings, centers, labels = _hard_batch()
+    embeddings[0] = embeddings[0] + 1e-4  # keep the reference's autograd away from |cos| = 1
+    x_ref = embeddings.clone().requires_grad_(True)
+    w_ref = centers.clone().requires_grad_(True)
+    reference = _reference_loss(x_ref, w_ref, labels, margin)
+    reference.backward()
+
+    x = embeddings.clone().requires_grad_(True)
+    w = centers.clone().requires_grad_(True)
+    loss = normalized_margin_cross_entropy(x, w, labels, margin)
+    loss.backward()
+    torch.testing.assert_close(loss, reference, rtol=1e-12, atol=1e-12)
+    # row 0 sits 1e-4 from its center, where d f / d cos ~ 1 / sin(theta) amplifies rounding
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-6, atol=1e-9)
+
+    cos = (F.normalize(embeddings, dim=1) @ F.normalize(centers, dim=1).T).requires_grad_(True)
+    cos_ref = cos.detach().clone().requires_grad_(True)
+    F.cross_entropy(margin(cos_ref, labels), labels).backward()
+    margin_cross_entropy(cos, labels, margin).backward()
+    torch.testing.assert_close(cos.grad, cos_ref.grad, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("margin", MARGINS, ids=IDS)
+def test_gradcheck_fused_losses_float64(margin):
+    embeddings, centers, labels = _hard_batch()
+    embeddings[0] = embeddings[0] + 1e-3  # finite differences need a differentiable point
+    x = embeddings.requires_grad_(True)
+    w = centers.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda x, w: normalized_margin_cross_entropy(x, w, labels, margin, reuse_buffer=False),
+        (x, w),
+    )
+    cos = F.normalize(x, dim=1) @ F.normalize(w, dim=1).T
+    # finite differences of size 1e-6 must not cross |cos| = 1: stay within 2.6 deg of it
+    cos = cos.detach().clamp(-0.999, 0.999).requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda c: margin_cross_entropy(c, labels, margin, reuse_buffer=False), (cos,)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("margin", MARGINS, ids=IDS)
+def test_embedding_on_or_opposite_its_center_gives_finite_loss_and_gradients(margin, dtype):
+    centers = torch.randn(4, 6, dtype=dtype)
+    embeddings = torch.stack([centers[0], -centers[1], 2 * centers[2]]).requires_grad_(True)
+    centers.requires_grad_(True)
+    labels = torch.tensor([0, 1, 2])
+    loss = normalized_margin_cross_entropy(embeddings, centers, labels, margin)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(embeddings.grad).all() and torch.isfinite(centers.grad).all()
+
+
+def test_bfloat16_cosines_are_widened_before_scaling():
+    margin = ArcFaceMargin(0.5, 64.0)
+    cos = (torch.rand(16, 40) * 2 - 1).to(torch.bfloat16).requires_grad_(True)
+    labels = torch.arange(16) % 40
+    loss = margin_cross_entropy(cos, labels, margin)
+    reference = F.cross_entropy(margin(cos.detach().float(), labels), labels)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-6)
+    loss.backward()
+    assert cos.grad.dtype == torch.bfloat16
+
+
+def test_reused_buffer_gives_identical_gradient_and_refuses_a_second_backward():
+    margin = ArcFaceMargin(0.5, 16.0)
+    x = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    labels = torch.randint(0, 11, (6,))
+    normalized_margin_cross_entropy(x, w, labels, margin, reuse_buffer=False).backward()
+    grads = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    loss = normalized_margin_cross_entropy(x, w, labels, margin, reuse_buffer=True)
+    loss.backward(retain_graph=True)
+    assert torch.equal(x.grad, grads[0]) and torch.equal(w.grad, grads[1])
+    with pytest.raises(RuntimeError, match="once"):
+        loss.backward()
+
+
+def test_fused_loss_rejects_missing_target():
+    with pytest.raises(ValueError, match="target_col"):
+        margin_cross_entropy(torch.zeros(2, 3), torch.tensor([0, -1]), ArcFaceMargin())
+    with pytest.raises(ValueError, match="target_col"):
+        normalized_margin_cross_entropy(
+            torch.randn(2, 4), torch.randn(3, 4), torch.tensor([0, 3]), ArcFaceMargin()
+        )
+
+
+# ---------------------------------------------------------------- the head
+
+
+def _seed_sample_head(margin):
+    """Seed 001 ch. 4: one sample at 60 / 75 / 110 deg from three unit centers."""
+    head = MarginSoftmaxHead(3, 4, margin).double()
+    angles = [math.radians(a) for a in (60.0, 75.0, 110.0)]
+    with torch.no_grad():
+        head.weight.zero_()
+        for c, a in enumerate(angles):
+            head.weight[c, 0] = math.cos(a)
+            head.weight[c, c + 1] = math.sin(a)
+    return head, torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64), torch.tensor([0])
+
+
+def test_head_reproduces_seed_sample():
+    head, x, y = _seed_sample_head(NormFaceMargin(64.0))
+    assert head.logits(x, y)[0].tolist() == pytest.approx([32.000, 16.564, -21.889], abs=5e-4)
+    assert head(x, y).item() == pytest.approx(1.979e-7, rel=2e-3)
+    head, x, y = _seed_sample_head(CosFaceMargin(0.35, 64.0))
+    assert head.logits(x, y)[0, 0].item() == pytest.approx(9.600, abs=1e-9)
+    assert head(x, y).item() == pytest.approx(-math.log(9.449e-4 / (1 + 9.449e-4)), rel=1e-3)
+    head, x, y = _seed_sample_head(ArcFaceMargin(math.radians(28.65), 64.0))
+    assert head.logits(x, y)[0, 0].item() == pytest.approx(1.508, abs=5e-4)
+
+
+@pytest.mark.parametrize("num_subcenters", [1, 3])
+def test_head_matches_reference_composition(num_subcenters):
+    margin = ArcFaceMargin(0.5, 16.0)
+    head = MarginSoftmaxHead(10, 8, margin, num_subcenters=num_subcenters).double()
+    x = torch.randn(12, 8, dtype=torch.float64)
+    y = torch.randint(0, 10, (12,))
+    cos = F.normalize(x, dim=1) @ F.normalize(head.weight, dim=1).T
+    cos = cos.view(12, 10, num_subcenters).amax(dim=2)
+    expected = F.cross_entropy(margin(cos, y), y)
+    torch.testing.assert_close(head(x, y), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(head.logits(x, y), margin(cos, y), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("num_subcenters", [1, 3])
+def test_gradcheck_head_float64(num_subcenters):
+    torch.manual_seed(3)
+    head = MarginSoftmaxHead(
+        6, 5, CombinedMargin(1.1, 0.3, 0.1, 8.0), num_subcenters, reuse_buffers=False
+    ).double()
+    with torch.no_grad():
+        head.weight.normal_()
+    x = torch.randn(7, 5, dtype=torch.float64)
+    x[0] = head.weight[0 * num_subcenters] + 1e-3  # near |cos| = 1 with its own center
+    x[1] = -head.weight[2 * num_subcenters] + 0.1  # far past pi - m
+    x.requires_grad_(True)
+    y = torch.tensor([0, 2, 1, 3, 4, 5, 0])
+
+    def loss_of(x, weight):
+        return torch.func.functional_call(head, {"weight": weight}, (x, y))
+
+    weight = head.weight.detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(loss_of, (x, weight))
+
+
+def test_class_subset_uses_the_named_rows_in_order():
+    margin = CosFaceMargin(0.35, 8.0)
+    head = MarginSoftmaxHead(20, 6, margin).double()
+    x = torch.randn(5, 6, dtype=torch.float64)
+    subset = torch.tensor([17, 3, 9, 0, 12])
+    y = torch.tensor([3, 3, 12, 0, 17])
+    cos = F.normalize(x, dim=1) @ F.normalize(head.weight[subset], dim=1).T
+    target = torch.tensor([1, 1, 4, 3, 0])
+    expected = F.cross_entropy(margin(cos, target), target)
+    torch.testing.assert_close(head(x, y, class_subset=subset), expected)
+    logits = head.logits(x, torch.tensor([3, 5, 12, 0, 17]), class_subset=subset)
+    assert logits[1].tolist() == pytest.approx((8.0 * cos[1]).tolist())  # class 5: no margin
+    with pytest.raises(ValueError, match="class_subset"):
+        head(x, torch.tensor([3, 5, 12, 0, 17]), class_subset=subset)
+
+
+def test_dominant_subcenters_and_angles():
+    head = MarginSoftmaxHead(2, 3, ArcFaceMargin(), num_subcenters=3).double()
+    with torch.no_grad():
+        head.weight.copy_(
+            torch.tensor(
+                [[1, 0, 0], [0, 1, 0], [0, 0, 1], [-1, 0, 0], [0, -1, 0], [0, 0, -1]],
+                dtype=torch.float64,
+            )
+        )
+    x = torch.tensor([[0.0, 2.0, 0.1], [1.0, 1.0, 0.0], [0.0, 0.0, -1.0]], dtype=torch.float64)
+    out = head.dominant_subcenters(x, torch.tensor([0, 0, 1]))
+    assert out.subcenter.tolist() == [1, 0, 2]
+    expected_deg = [math.degrees(math.atan2(0.1, 2.0)), 45.0, 0.0]
+    assert out.angle_deg.tolist() == pytest.approx(expected_deg, abs=1e-6)
+    expected_rad = [math.radians(d) for d in expected_deg]
+    assert out.angle_rad.tolist() == pytest.approx(expected_rad, abs=1e-7)
+
+
+def test_intra_and_inter_add_ons():
+    margin = NormFaceMargin(4.0)
+    base = MarginSoftmaxHead(3, 3, margin).double()
+    with torch.no_grad():
+        base.weight.copy_(torch.eye(3, dtype=torch.float64))
+    x = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    y = torch.tensor([0, 2])
+    plain = base(x, y)
+    intra = MarginSoftmaxHead(3, 3, margin, intra_weight=1.0).double()
+    inter = MarginSoftmaxHead(3, 3, margin, inter_weight=1.0).double()
+    intra.weight.data.copy_(base.weight)
+    inter.weight.data.copy_(base.weight)
+    # L5: + mean(theta_y) / pi = (pi/4 + 0) / 2 / pi = 1/8
+    assert (intra(x, y) - plain).item() == pytest.approx(0.125, abs=1e-7)
+    # L6: - 1/(pi (N-1)) sum_{j != y} angle(w_y, w_j) = -(pi/2 + pi/2) / (2 pi) = -0.5
+    assert (inter(x, y) - plain).item() == pytest.approx(-0.5, abs=1e-7)
+
+
+def test_softmax_head_is_plain_linear_cross_entropy():
+    head = SoftmaxHead(7, 4).double()
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 7, (5,))
+    expected = F.cross_entropy(x @ head.linear.weight.T + head.linear.bias, y)
+    torch.testing.assert_close(head(x, y), expected)
+    assert torch.autograd.gradcheck(lambda x: head(x, y), (x,))
+
+
+@pytest.mark.parametrize("head_cls", ["margin", "softmax"])
+def test_heads_reject_bad_input(head_cls):
+    head = MarginSoftmaxHead(5, 3, ArcFaceMargin()) if head_cls == "margin" else SoftmaxHead(5, 3)
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="labels"):
+        head(x, torch.tensor([0, 1, 2, 5]))
+    with pytest.raises(ValueError, match="labels"):
+        head(x, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="labels"):
+        head(x, torch.tensor([0.0, 1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="embeddings"):
+        head(torch.randn(4, 2), torch.tensor([0, 1, 2, 3]))
+    bad = x.clone()
+    bad[2, 1] = float("nan")
+    with pytest.raises(ValueError, match="row: 2"):
+        head(bad, torch.tensor([0, 1, 2, 3]))
+
+
+def test_margin_head_rejects_bad_construction():
+    with pytest.raises(ValueError, match="num_classes"):
+        MarginSoftmaxHead(0, 3, ArcFaceMargin())
+    with pytest.raises(ValueError, match="num_subcenters"):
+        MarginSoftmaxHead(4, 3, ArcFaceMargin(), num_subcenters=0)
+    with pytest.raises(ValueError, match="margin"):
+        MarginSoftmaxHead(4, 3, margin=0.5)
+    with pytest.raises(ValueError, match="inter_weight"):
+        MarginSoftmaxHead(4, 3, ArcFaceMargin(), num_subcenters=3, inter_weight=1.0)

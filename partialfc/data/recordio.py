@@ -131,7 +131,7 @@ def read_index(idx_path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 class RecordIndex:
-    """Key -> (offset, span) lookup held in numpy arrays (12-24 bytes per record, shared
+    """Key -> (offset, span) lookup held in numpy arrays (24 bytes per record, shared
     copy-on-write by forked DataLoader workers, unlike a dict of Python ints).
 
     ``span`` = bytes from the record's offset to the next record in the file (or its end).

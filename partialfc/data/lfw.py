@@ -98,6 +98,11 @@ class LfwImageArchive:
             default = "/".join(first.split("/")[:-2])
             self.prefix = default if prefix is None else prefix
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_zip"], state["_pid"] = None, -1  # reopened lazily in the receiving process
+        return state
+
     def member(self, name: str, number: int) -> str:
         rel = f"{name}/{name}_{int(number):04d}.jpg"
         return f"{self.prefix}/{rel}" if self.prefix else rel

@@ -214,3 +214,15 @@ def test_malformed_idx_line_is_reported(tmp_path):
     (tmp_path / "hand.idx").write_text("0\t0\n0\t0\n")
     with pytest.raises(RecordIOError, match=r"hand.idx: record id 0 appears twice"):
         RecordIOReader(rec)
+
+
+def test_dataset_pickles_for_spawned_workers(tmp_path):
+    import pickle
+
+    imgs = images(2)
+    records = [(k, hand_payload(k, k, encode_image(imgs[k], ".png"))) for k in range(2)]
+    ds = RecordIODataset(write_hand_set(tmp_path, records))
+    first = ds[1][0]
+    clone = pickle.loads(pickle.dumps(ds))  # the memory map is not pickled; it is re-made
+    assert clone.reader._map is None
+    assert np.array_equal(clone[1][0].numpy(), first.numpy()) and clone[1][1] == 1

@@ -35,12 +35,12 @@ PRESETS = {
     "default": [
         *[
             dict(num_classes=c, batch=256, rate=r, world=1, update=u, steps=s)
-            for c, s in ((10_000, 20), (100_000, 8), (1_000_000, 4))
+            for c, s in ((10_000, 10), (100_000, 4), (1_000_000, 2))
             for r in (0.1, 0.3, 1.0)
             for u in ("sparse", "dense")
         ],
-        dict(num_classes=1_000_000, batch=128, rate=0.1, world=1, update="sparse", steps=4),
-        dict(num_classes=1_000_000, batch=512, rate=0.1, world=1, update="sparse", steps=4),
+        dict(num_classes=1_000_000, batch=128, rate=0.1, world=1, update="sparse", steps=3),
+        dict(num_classes=1_000_000, batch=512, rate=0.1, world=1, update="sparse", steps=3),
         dict(
             num_classes=1_000_000,
             batch=256,
@@ -53,6 +53,31 @@ PRESETS = {
         dict(num_classes=100_000, batch=256, rate=0.1, world=2, update="sparse", steps=6),
         dict(num_classes=1_000_000, batch=256, rate=0.1, world=2, update="sparse", steps=4),
         dict(num_classes=100_000, batch=256, rate=0.1, world=4, update="sparse", steps=4),
+    ],
+    "cuda": [
+        *[
+            dict(
+                num_classes=1_000_000,
+                batch=512,
+                rate=0.1,
+                world=1,
+                update=u,
+                steps=5,
+                device="cuda",
+            )  # fmt: skip
+            for u in ("sparse", "dense")
+        ],
+        dict(
+            num_classes=10_000_000,
+            batch=512,
+            rate=0.1,
+            world=1,
+            update="sparse",
+            steps=5,
+            device="cuda",
+            storage_device="cpu",
+            storage_dtype="bfloat16",
+        ),  # fmt: skip
     ],
     "ten-million": [
         dict(
@@ -78,21 +103,30 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _gemm_seconds(batch: int, active_rows: int, repeats: int = 3) -> float:
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _gemm_seconds(batch: int, active_rows: int, repeats: int = 3, device: str = "cpu") -> float:
     """Bare float32 time of the three GEMMs of one step over ``active_rows`` centers."""
     import torch
 
-    x = torch.randn(batch, DIM)
-    w = torch.randn(active_rows, DIM)
-    g = torch.empty(batch, active_rows)
-    gx = torch.empty(batch, DIM)
-    gw = torch.empty(active_rows, DIM)
+    x = torch.randn(batch, DIM, device=device)
+    w = torch.randn(active_rows, DIM, device=device)
+    g = torch.empty(batch, active_rows, device=device)
+    gx = torch.empty(batch, DIM, device=device)
+    gw = torch.empty(active_rows, DIM, device=device)
     best = float("inf")
     for _ in range(repeats + 1):  # the first run touches the output pages
+        _sync(device)
         t0 = time.perf_counter()
         torch.mm(x, w.t(), out=g)
         torch.mm(g, w, out=gx)
         torch.mm(g.t(), x, out=gw)
+        _sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -109,13 +143,15 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
     from partialfc.losses.margins import ArcFaceMargin
 
     dtype = getattr(torch, cfg.get("storage_dtype", "float32"))
+    device = cfg.get("device", "cpu")
     local_batch = cfg["batch"] // world + (1 if rank < cfg["batch"] % world else 0)
     gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(local_batch, DIM, generator=gen, requires_grad=True)
-    y = torch.randint(0, cfg["num_classes"], (local_batch,), generator=gen)
+    x = torch.randn(local_batch, DIM, generator=gen).to(device).requires_grad_(True)
+    y = torch.randint(0, cfg["num_classes"], (local_batch,), generator=gen).to(device)
     base_rss = _rss_bytes()
     pfc = PartialFC(cfg["num_classes"], DIM, ArcFaceMargin(), sample_rate=cfg["rate"],
-                    update=cfg["update"], storage_dtype=dtype, seed=0)  # fmt: skip
+                    update=cfg["update"], storage_dtype=dtype, seed=0, device=device,
+                    storage_device=cfg.get("storage_device"))  # fmt: skip
     if cfg["update"] == "sparse":
         opt = RowSparseSGD(pfc, lr=0.1, momentum=cfg.get("momentum", 0.9), weight_decay=5e-4)
         state_bytes = pfc.centers.nbytes() + sum(t.nbytes() for t in opt.tables.values())
@@ -127,12 +163,14 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
     for step in range(cfg["steps"] + 1):
         if world > 1:
             dist.barrier()
+        _sync(device)
         t0 = time.perf_counter()
         loss = pfc(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         x.grad = None
+        _sync(device)
         if world > 1:
             dist.barrier()
         if step > 0:  # step 0 warms up (first touch of buffers, lazy optimizer state)
@@ -149,8 +187,10 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
         build_bytes=built_rss - base_rss,
         peak_rss_bytes=_peak_rss_bytes(),
     )
+    if device.startswith("cuda"):
+        result["device_peak_bytes"] = torch.cuda.max_memory_allocated()
     if rank == 0:
-        result["gemm_s"] = _gemm_seconds(cfg["batch"], active)
+        result["gemm_s"] = _gemm_seconds(cfg["batch"], active, device=device)
     if world > 1:
         dist.destroy_process_group()
     queue.put(result) if queue is not None else print(json.dumps(result))
@@ -198,6 +238,8 @@ def _summarise(cfg: dict, res: dict) -> dict:
         state_bytes_per_class=round(res["state_bytes"] * cfg["world"] / cfg["num_classes"], 1),
         loss=round(res["loss"], 4),
     )
+    if "device_peak_bytes" in res:
+        out["device_peak_gb"] = round(res["device_peak_bytes"] / 1e9, 3)
     return out
 
 

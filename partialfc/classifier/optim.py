@@ -85,8 +85,8 @@ class RowSparseOptimizer(torch.optim.Optimizer):
             return None
         pfc = self.partial_fc
         gen = sampling_generator(pfc.seed + 1, self.num_steps, pfc.rank)  # stochastic rounding
-        if pfc.centers.data.device.type != "cpu":
-            gen = torch.Generator(device=pfc.centers.data.device).manual_seed(gen.initial_seed())
+        if record.weight.device.type != "cpu":  # rounding happens where the rows were computed
+            gen = torch.Generator(device=record.weight.device).manual_seed(gen.initial_seed())
         state = {n: t.read(record.rows, self._scratch[n]) for n, t in self.tables.items()}
         self._update_rows(record.rows, record.weight, record.grad, state, self.param_groups[0])
         for name, table in self.tables.items():

@@ -331,18 +331,23 @@ class PartialFC(nn.Module):
         self.budget = sampling_budget(self.block.size, self.sample_rate)
         self.sampling_step = 0
 
-        init = init_center_rows(
-            num_classes, embedding_dim, num_subcenters, seed, self.block.start, self.block.stop,
-            std=init_std,
-        )  # fmt: skip
+        rows, k = self.block.size * num_subcenters, num_subcenters
         if update == "dense":
-            self.weight = nn.Parameter(init.to(self.device))
+            self.weight = nn.Parameter(torch.empty(rows, embedding_dim, device=self.device))
             self.centers = None
+            table = self.weight.data
         else:
             self.centers = RowTable(
-                init.shape[0], embedding_dim, storage_dtype, self.storage_device, self.device, init
+                rows, embedding_dim, storage_dtype, self.storage_device, self.device
             )
-        del init
+            table = self.centers.data
+        # fill in init chunks so that no full-size float32 copy of a compact table exists
+        lo = self.block.start
+        while lo < self.block.stop:
+            hi = min((lo // _INIT_CHUNK_CLASSES + 1) * _INIT_CHUNK_CLASSES, self.block.stop)
+            part = init_center_rows(num_classes, embedding_dim, k, seed, lo, hi, std=init_std)
+            table[(lo - self.block.start) * k : (hi - self.block.start) * k].copy_(part)
+            lo = hi
         self._weight_buffer = ReusableBuffer(self.device)
         self._grad_buffer = ReusableBuffer(self.device)
         self._logits_buffer = ReusableBuffer(self.device)

@@ -87,11 +87,12 @@ class RowTable:
         self.compute_device = torch.device(compute_device)
         self.staged = self.storage_device != self.compute_device
         pin = self.staged and self.storage_device.type == "cpu" and torch.cuda.is_available()
-        self.data = torch.zeros(num_rows, dim, dtype=dtype, device=self.storage_device)
-        if pin:
-            self.data = self.data.pin_memory()
+        self.data = torch.empty(num_rows, dim, dtype=dtype, device=self.storage_device,
+                                pin_memory=pin)  # fmt: skip
         if fill is not None:
             self.data.copy_(fill)
+        else:
+            self.data.zero_()
         self._compute = ReusableBuffer(self.compute_device)
         self._staging = ReusableBuffer(self.storage_device, dtype=dtype, pin_memory=pin)
 

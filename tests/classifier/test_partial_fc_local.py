@@ -248,3 +248,13 @@ def test_init_is_independent_of_the_sharding():
     full = init_center_rows(100_000, 4, 2, seed=7, class_start=0, class_stop=100_000)
     part = init_center_rows(100_000, 4, 2, seed=7, class_start=65_000, class_stop=70_000)
     assert torch.equal(part, full[65_000 * 2 : 70_000 * 2])
+
+
+def test_unaligned_block_is_filled_with_its_rows_of_the_global_init(monkeypatch):
+    import partialfc.classifier.partial_fc as module
+
+    monkeypatch.setattr(module, "world_info", lambda group=None: (1, 3))  # rank 1 of 3
+    pfc = PartialFC(200_000, 4, ArcFaceMargin(), seed=3, storage_dtype=torch.bfloat16)
+    assert (pfc.block.start, pfc.block.stop) == (66_667, 133_334)  # straddles a 65536 chunk
+    full = init_center_rows(200_000, 4, 1, 3, 0, 200_000)
+    assert torch.equal(pfc.centers.data, full[66_667:133_334].to(torch.bfloat16))

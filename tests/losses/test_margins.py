@@ -266,3 +266,23 @@ def test_invalid_inputs_raise():
         margin(torch.zeros(3, 4), torch.tensor([0, -2, 1]))
     with pytest.raises(ValueError, match="target_col"):
         margin(torch.zeros(3, 4), torch.zeros(3))
+
+
+def _angle_where_target_logit_equals(margin, value):
+    """Bisection on the (monotone) target logit: the largest angle that still beats ``value``."""
+    low, high = 0.0, math.pi / 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        f = margin.target_logit_from_angle(torch.tensor(mid, dtype=torch.float64)).item()
+        low, high = (mid, high) if f > value else (low, mid)
+    return math.degrees(low)
+
+
+def test_required_travel_cosface_7_5_deg_arcface_13_65_deg():
+    """Seed 001 ch. 4: from 60 deg, with the impostor fixed at 75 deg."""
+    impostor = math.cos(math.radians(75.0))
+    cosface = _angle_where_target_logit_equals(CosFaceMargin(0.35), impostor)
+    arcface = _angle_where_target_logit_equals(ArcFaceMargin(0.5), impostor)
+    assert cosface == pytest.approx(52.50, abs=5e-3)
+    assert 60.0 - cosface == pytest.approx(7.5, abs=5e-3)
+    assert 60.0 - arcface == pytest.approx(13.65, abs=5e-3)

@@ -165,13 +165,13 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_rows):
-        x, w, inv_norm, sum_exp = ctx.saved_tensors
         plan = ctx.plan
         if plan.owner.generation != ctx.generation:
             raise RuntimeError(
                 "PartialFC: backward through a stale forward (another forward reused the "
                 "logits buffer); call backward before the next forward"
             )
+        x, w, inv_norm, sum_exp = ctx.saved_tensors
         scale = float(plan.margin.scale)
         rows = plan.local_rows
         col = plan.target_col[rows]

@@ -123,6 +123,10 @@ def test_handshake_step_consumes_rows_once():
     with torch.no_grad():
         pfc(x, y)  # evaluation forward records nothing
     assert pfc.active_rows is None
+    stale = pfc(x, y)
+    pfc(x, y)  # reuses the logits buffer the first graph needs
+    with pytest.raises(RuntimeError, match="stale"):
+        stale.backward()
 
 
 def test_subcenters_of_a_sampled_class_are_all_active():

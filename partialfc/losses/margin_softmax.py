@@ -35,13 +35,9 @@ __all__ = ["margin_cross_entropy", "normalized_margin_cross_entropy"]
 _NORM_EPS = 1e-12
 
 
-def _row_dot(a: Tensor, b: Tensor, rows_per_chunk: int = 4096) -> Tensor:
-    """``(a * b).sum(1)`` in cache-sized row chunks (no ``(N, d)`` temporary)."""
-    out = torch.empty(a.shape[0], dtype=a.dtype, device=a.device)
-    for start in range(0, a.shape[0], rows_per_chunk):
-        stop = start + rows_per_chunk
-        torch.sum(a[start:stop] * b[start:stop], dim=1, out=out[start:stop])
-    return out
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """``(a * b).sum(1)`` as one batched product (no ``(N, d)`` temporary, a single kernel)."""
+    return torch.einsum("nd,nd->n", a, b)
 
 
 def _target_logit_and_slope(margin: CombinedMargin, target_cos: Tensor) -> tuple[Tensor, Tensor]:
@@ -146,19 +142,18 @@ class _NormalizedMarginCrossEntropy(torch.autograd.Function):
             ctx.saved_tensors
         )
         buffer = _gradient_buffer(ctx)
-        # cos = raw * r (r: inverse center norms). d loss / d raw = row_coef[i] * exp[i, j] * r[j]
-        # off the target; the per-row factor is moved onto the small (B, d) side so the (B, N)
-        # buffer is touched once, and the B target entries are added back as a sparse correction.
+        # cos = raw * r (r: inverse center norms). Off the target, d loss / d raw[i, j] =
+        # row_coef[i] * exp[i, j] * r[j]; the per-row factor is moved onto the small (B, d) side
+        # so the (B, N) buffer is touched once. The target entry holds d loss / d raw[i, t]
+        # divided by row_coef[i], i.e. (p_t - 1) * slope * r_t * row_sum / s.
         grad_mean = grad_loss.to(buffer.dtype) / buffer.shape[0]
         row_coef = grad_mean * ctx.scale / row_sum
-        grad_raw_target = (p_target - 1.0) * grad_mean * slope * inv_norms[target_col]
+        target_value = (p_target - 1.0) * slope * inv_norms[target_col] * row_sum / ctx.scale
         buffer.mul_(inv_norms)
-        buffer.scatter_(1, target_col.unsqueeze(1), 0.0)
+        buffer.scatter_(1, target_col.unsqueeze(1), target_value.unsqueeze(1))
         grad_embeddings = (buffer @ centers).mul_(row_coef.unsqueeze(1))
-        grad_embeddings.addcmul_(centers[target_col], grad_raw_target.unsqueeze(1))
         # grad_a = d loss / d raw^T @ x_hat = r * (d loss / d unit centers)
         grad_centers = buffer.T @ (unit_embeddings * row_coef.unsqueeze(1))
-        grad_centers.index_add_(0, target_col, unit_embeddings * grad_raw_target.unsqueeze(1))
         # through r = 1 / |w|:  grad_w = grad_a - r^2 w <w, grad_a>
         along = _row_dot(centers, grad_centers).mul_(inv_norms.square())
         along.mul_(inv_norms < 1.0 / _NORM_EPS)  # clamped (zero) rows: r is a constant there

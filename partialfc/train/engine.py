@@ -169,6 +169,10 @@ class Trainer:
         self.step = 0  # optimizer steps taken (including skipped non-finite ones)
         self.epoch = 0
         self.batches_in_epoch = 0  # batches of the current epoch already consumed
+        self.consecutive_nonfinite = 0
+        self.skipped_steps = 0
+        self.log = MetricsLog(None)  # fit() opens the run's metrics.jsonl
+        self.progress = Progress(self.total_steps, 0, enabled=False)
         if cfg.checkpoint.init_from:
             self._init_backbone_from(cfg.checkpoint.init_from)
         if cfg.checkpoint.resume:
@@ -305,8 +309,6 @@ class Trainer:
             self.run_dir / "tensorboard" if (is_main and cfg.run.tensorboard) else None,
         )
         self.progress = Progress(self.total_steps, self.step, cfg.run.progress and is_main)
-        self.consecutive_nonfinite = 0
-        self.skipped_steps = 0
         result = TrainResult(self.run_dir, self.step, self.step / self.steps_per_epoch)
         global_batch = self.global_batch
         window_t, window_steps, window_loss = time.perf_counter(), 0, []

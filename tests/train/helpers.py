@@ -26,6 +26,29 @@ class TinyMLP(nn.Module):
         return self.net(x)
 
 
+class TinyCNN(nn.Module):
+    """28×28 → 32-d: two conv–BN–ReLU–pool stages, a linear embedding and BN."""
+
+    def __init__(self, embedding_dim: int = 32):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * 7 * 7, embedding_dim), nn.BatchNorm1d(embedding_dim),
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.net(x)
+
+
+TINY_CNN_CONFIG = {"name": "test_cnn", "kwargs": {"embedding_dim": 32}}
+
+
+def tiny_cnn(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return TinyCNN()
+
+
 def tiny_backbone(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return TinyMLP()
@@ -55,6 +78,7 @@ def tiny_config(run_dir: Path, *overrides: str):
         "train.precision=fp32",
         "train.log_every=1",
         "train.diagnostics_every=0",
+        "train.num_threads=1",
         "checkpoint.every_steps=0",
         "checkpoint.at_epoch_end=false",
         "checkpoint.keep_last=10",
@@ -71,3 +95,18 @@ def flat_params(module: nn.Module) -> torch.Tensor:
 
 def as_numpy(losses) -> np.ndarray:
     return np.asarray(losses, dtype=np.float64)
+
+
+class NaNOnCalls(nn.Module):
+    """Wraps a backbone; its output is NaN on the given (1-based) forward calls."""
+
+    def __init__(self, inner: nn.Module, bad_calls):
+        super().__init__()
+        self.inner = inner
+        self.bad_calls = bad_calls
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.inner(x)
+        return out * float("nan") if self.calls in self.bad_calls else out

@@ -16,7 +16,9 @@ Triplet (default B = 1,800 = 180 identities x 10, d = 128): forward + backward o
 ``TripletLoss`` with each mining mode; peak resident memory is reported as a check that nothing
 B x B x B is built.
 
-Prints one JSON object; ``--out`` also writes it (atomically).
+``fused_vs_unfused`` records how far the fused head's gradients are from the composition's.
+Prints one JSON object; ``--out`` also writes it (atomically). ``--device cuda`` runs the same
+on a GPU (timings synchronised).
 
     python benchmarks/bench_losses.py [--batch 512] [--dim 512] [--classes 100000]
         [--triplet-batch 1800] [--repeats 5] [--threads N] [--out bench_losses.json]
@@ -42,21 +44,32 @@ from partialfc.losses.margins import ArcFaceMargin
 from partialfc.losses.triplet import TripletLoss
 
 
-def _seconds(fn) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _seconds(fn, device: torch.device) -> float:
+    _sync(device)
     start = time.perf_counter()
     fn()
+    _sync(device)
     return time.perf_counter() - start
 
 
-def bench_head(batch: int, dim: int, classes: int, repeats: int) -> dict:
+def _max_relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def bench_head(batch: int, dim: int, classes: int, repeats: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     margin = ArcFaceMargin(0.5, 64.0)
-    head = MarginSoftmaxHead(classes, dim, margin)
-    x = torch.randn(batch, dim, requires_grad=True)
-    labels = torch.randint(0, classes, (batch,))
+    head = MarginSoftmaxHead(classes, dim, margin).to(device)
+    x = torch.randn(batch, dim, device=device, requires_grad=True)
+    labels = torch.randint(0, classes, (batch,), device=device)
     weight = head.weight.detach()
     x_hat = F.normalize(x.detach(), dim=1)
-    grad_logits = torch.randn(batch, classes)
+    grad_logits = torch.randn(batch, classes, device=device)
 
     def limit():
         x_hat @ weight.T
@@ -74,13 +87,19 @@ def bench_head(batch: int, dim: int, classes: int, repeats: int) -> dict:
         cos = F.normalize(x, dim=1) @ F.normalize(head.weight, dim=1).T
         F.cross_entropy(margin(cos, labels), labels).backward()
 
+    # agreement of the fused head with the plain composition (values and gradients)
+    fused()
+    fused_grads = (x.grad.clone(), head.weight.grad.clone())
+    unfused()
+    agreement = {
+        "grad_embeddings_max_rel_diff": _max_relative_difference(fused_grads[0], x.grad),
+        "grad_centers_max_rel_diff": _max_relative_difference(fused_grads[1], head.weight.grad),
+    }
     runs = {"limit": limit, "fused": fused, "unfused": unfused}
-    for fn in runs.values():  # warm-up
-        fn()
     times = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
-            times[name].append(_seconds(fn))
+            times[name].append(_seconds(fn, device))
     median = {name: statistics.median(values) for name, values in times.items()}
     flops = 3 * 2 * batch * dim * classes
     return {
@@ -96,14 +115,17 @@ def bench_head(batch: int, dim: int, classes: int, repeats: int) -> dict:
         "unfused_over_limit": median["unfused"] / median["limit"],
         "best_fused_over_best_limit": min(times["fused"]) / min(times["limit"]),
         "target_fused_over_limit": 1.3,
+        "fused_vs_unfused": agreement,
         "all_seconds": times,
     }
 
 
-def bench_triplet(batch: int, per_identity: int, dim: int, repeats: int) -> dict:
+def bench_triplet(
+    batch: int, per_identity: int, dim: int, repeats: int, device: torch.device
+) -> dict:
     torch.manual_seed(0)
-    labels = torch.arange(batch // per_identity).repeat_interleave(per_identity)
-    x = torch.randn(len(labels), dim, requires_grad=True)
+    labels = torch.arange(batch // per_identity, device=device).repeat_interleave(per_identity)
+    x = torch.randn(len(labels), dim, device=device, requires_grad=True)
     results = {}
     for mining in ("semihard", "batch_hard", "all"):
         loss_fn = TripletLoss(0.2, mining)
@@ -113,7 +135,7 @@ def bench_triplet(batch: int, per_identity: int, dim: int, repeats: int) -> dict
             loss_fn(x, labels).backward()
 
         step()
-        seconds = [_seconds(step) for _ in range(repeats)]
+        seconds = [_seconds(step, device) for _ in range(repeats)]
         stats = loss_fn.last_stats
         results[mining] = {
             "forward_backward_s": statistics.median(seconds),
@@ -127,6 +149,9 @@ def bench_triplet(batch: int, per_identity: int, dim: int, repeats: int) -> dict
         "embedding_dim": dim,
         "mining": results,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_device_mib": (
+            torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+        ),
         "bxbxb_bool_mask_would_be_mib": len(labels) ** 3 / 2**20,
     }
 
@@ -148,10 +173,12 @@ def main(argv=None) -> int:
     parser.add_argument("--triplet-dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     load_before = os.getloadavg()
     report = {
         "benchmark": "losses",
@@ -159,10 +186,11 @@ def main(argv=None) -> int:
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "load_average_before": load_before,
-        "head": bench_head(args.batch, args.dim, args.classes, args.repeats),
+        "head": bench_head(args.batch, args.dim, args.classes, args.repeats, device),
         "triplet": bench_triplet(
-            args.triplet_batch, args.triplet_per_identity, args.triplet_dim, args.repeats
+            args.triplet_batch, args.triplet_per_identity, args.triplet_dim, args.repeats, device
         ),
         "load_average_after": os.getloadavg(),
     }

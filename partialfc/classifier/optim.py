@@ -30,7 +30,7 @@ from torch import Tensor
 
 from partialfc.classifier.partial_fc import PartialFC
 from partialfc.classifier.sampling import sampling_generator
-from partialfc.classifier.storage import ReusableBuffer, RowTable
+from partialfc.classifier.storage import CHUNK_ROWS, ReusableBuffer, RowTable
 
 __all__ = ["RowSparseSGD", "RowSparseAdamW", "RowSparseOptimizer"]
 
@@ -87,11 +87,14 @@ class RowSparseOptimizer(torch.optim.Optimizer):
         gen = sampling_generator(pfc.seed + 1, self.num_steps, pfc.rank)  # stochastic rounding
         if record.weight.device.type != "cpu":  # rounding happens where the rows were computed
             gen = torch.Generator(device=record.weight.device).manual_seed(gen.initial_seed())
-        state = {n: t.read(record.rows, self._scratch[n]) for n, t in self.tables.items()}
-        self._update_rows(record.rows, record.weight, record.grad, state, self.param_groups[0])
-        for name, table in self.tables.items():
-            table.write(record.rows, state[name], gen)
-        pfc.centers.write(record.rows, record.weight, gen)
+        group = self.param_groups[0]
+        for i in range(0, record.rows.numel(), CHUNK_ROWS):  # bounded state scratch
+            rows, part = record.rows[i : i + CHUNK_ROWS], slice(i, i + CHUNK_ROWS)
+            state = {n: t.read(rows, self._scratch[n]) for n, t in self.tables.items()}
+            self._update_rows(rows, record.weight[part], record.grad[part], state, group)
+            for name, table in self.tables.items():
+                table.write(rows, state[name], gen)
+            pfc.centers.write(rows, record.weight[part], gen)
         self.num_steps += 1
         return None
 

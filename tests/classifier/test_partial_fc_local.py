@@ -141,7 +141,10 @@ def test_subcenters_of_a_sampled_class_are_all_active():
     assert torch.isin(y.unique(), classes[:, 0]).all()
 
 
-def test_rowsparse_sgd_at_rate_one_matches_dense_mode_with_torch_sgd():
+def test_rowsparse_sgd_at_rate_one_matches_dense_mode_with_torch_sgd(monkeypatch):
+    import partialfc.classifier.optim as optim_module
+
+    monkeypatch.setattr(optim_module, "CHUNK_ROWS", 7)  # exercise the chunked update loop
     sparse = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3)
     dense = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3, update="dense")
     opt_s = RowSparseSGD(sparse, lr=0.2, momentum=0.9, weight_decay=5e-4, nesterov=True)
@@ -228,7 +231,10 @@ def test_optimizer_state_dict_round_trip_and_lr_scheduler():
         RowSparseAdamW(PartialFC(20, D, ArcFaceMargin())).load_state_dict(state)
 
 
-def test_bfloat16_storage_tracks_float32_storage():
+def test_bfloat16_storage_tracks_float32_storage(monkeypatch):
+    import partialfc.classifier.storage as storage_module
+
+    monkeypatch.setattr(storage_module, "CHUNK_ROWS", 5)  # exercise chunked conversions
     kw = dict(sample_rate=0.5, init_std=0.3, seed=1)
     f32 = PartialFC(64, D, ArcFaceMargin(0.5, 16.0), **kw)
     b16 = PartialFC(64, D, ArcFaceMargin(0.5, 16.0), storage_dtype=torch.bfloat16, **kw)

@@ -65,11 +65,32 @@ def _margins():
     }
 
 
-def _pfc_step(device, num_classes, dim, x, y, margin, rate, k=1, storage_dtype=torch.float32,
-              storage_device=None, process_group=None, steps=2):
-    pfc = PartialFC(num_classes, dim, margin, sample_rate=rate, num_subcenters=k, seed=3,
-                    storage_dtype=storage_dtype, device=device, storage_device=storage_device,
-                    process_group=process_group)
+def _pfc_step(
+    device,
+    num_classes,
+    dim,
+    x,
+    y,
+    margin,
+    rate,
+    k=1,
+    storage_dtype=torch.float32,
+    storage_device=None,
+    process_group=None,
+    steps=2,
+):
+    pfc = PartialFC(
+        num_classes,
+        dim,
+        margin,
+        sample_rate=rate,
+        num_subcenters=k,
+        seed=3,
+        storage_dtype=storage_dtype,
+        device=device,
+        storage_device=storage_device,
+        process_group=process_group,
+    )
     opt = RowSparseSGD(pfc, lr=0.1, momentum=0.9, weight_decay=5e-4)
     losses = []
     for _ in range(steps):
@@ -106,16 +127,24 @@ def check_pfc_cuda_vs_cpu():
             ref = _pfc_step("cpu", c, d, x, y, make(), rate, k, storage_dtype)
             got = _pfc_step("cuda", c, d, x, y, make(), rate, k, storage_dtype, storage_device)
             diff = {
-                "loss": max(abs(p - q) for p, q in zip(ref[0], got[0])),
+                "loss": max(abs(p - q) for p, q in zip(ref[0], got[0], strict=True)),
                 "emb_grad": _max_diff(ref[1], got[1]),
                 "centers": _max_diff(ref[2], got[2]),
             }
             tol = 2e-2 if storage_dtype == torch.bfloat16 else 1e-4
             ok = all(v <= tol for v in diff.values())
             worst = max(worst, *diff.values()) if storage_dtype == torch.float32 else worst
-            rows.append({"margin": name, "rate": rate, "subcenters": k,
-                         "storage": f"{storage_dtype}@{storage_device or 'cuda'}",
-                         "loss_cuda": got[0], "max_abs_diff": diff, "ok": ok})
+            rows.append(
+                {
+                    "margin": name,
+                    "rate": rate,
+                    "subcenters": k,
+                    "storage": f"{storage_dtype}@{storage_device or 'cuda'}",
+                    "loss_cuda": got[0],
+                    "max_abs_diff": diff,
+                    "ok": ok,
+                }
+            )
     assert all(r["ok"] for r in rows), rows
     return {"cases": rows, "worst_fp32_abs_diff": worst}
 
@@ -123,12 +152,18 @@ def check_pfc_cuda_vs_cpu():
 def _nccl_worker(rank, world, init_file, x, y, queue):
     try:
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "nccl",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=120),
+        )
         per = x.shape[0] // world
-        xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
-        out = _pfc_step(f"cuda:{rank}", 1000, 64, xs, ys, ArcFaceMargin(), 1.0,
-                        process_group=None, steps=2)
+        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
+        out = _pfc_step(
+            f"cuda:{rank}", 1000, 64, xs, ys, ArcFaceMargin(), 1.0, process_group=None, steps=2
+        )
         grads = [torch.zeros_like(out[1]).cuda() for _ in range(world)]
         dist.all_gather(grads, out[1].cuda())
         queue.put((rank, "ok", (out[0], torch.cat([g.cpu() for g in grads]))))
@@ -146,8 +181,10 @@ def check_nccl():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_nccl_worker, args=(r, world, f"{tmp}/rdv", x, y, queue))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_nccl_worker, args=(r, world, f"{tmp}/rdv", x, y, queue))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         outs = [queue.get(timeout=300) for _ in range(world)]
@@ -157,18 +194,25 @@ def check_nccl():
     assert not errors, errors
     loss, grad = next(o[2] for o in outs if o[0] == 0)
     # world > 1 scales the embedding gradient by N (DDP mean convention); undo for comparison
-    diff = {"loss": max(abs(p - q) for p, q in zip(ref_loss, loss)),
-            "emb_grad": _max_diff(ref_grad, grad / world)}
+    diff = {
+        "loss": max(abs(p - q) for p, q in zip(ref_loss, loss, strict=True)),
+        "emb_grad": _max_diff(ref_grad, grad / world),
+    }
     assert diff["loss"] < 1e-4 and diff["emb_grad"] < 1e-5, diff
     return {"world_size": world, "backend": "nccl", "max_abs_diff": diff, "losses": loss}
 
 
 def _gloo_cuda_worker(rank, world, init_file, x, y, queue):
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=120),
+        )
         per = x.shape[0] // world
-        xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
         out = _pfc_step("cuda:0", 1000, 64, xs, ys, ArcFaceMargin(), 1.0, steps=2)
         queue.put((rank, "ok", (out[0], out[1] / world)))
         dist.destroy_process_group()
@@ -185,8 +229,10 @@ def check_gloo_cuda():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_gloo_cuda_worker, args=(r, world, f"{tmp}/rdv", x, y, queue))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_gloo_cuda_worker, args=(r, world, f"{tmp}/rdv", x, y, queue))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         outs = sorted([queue.get(timeout=300) for _ in range(world)], key=lambda o: o[0])
@@ -195,19 +241,21 @@ def check_gloo_cuda():
     errors = [o[2] for o in outs if o[1] != "ok"]
     assert not errors, errors
     grad = torch.cat([o[2][1] for o in outs])
-    diff = {"loss": max(abs(p - q) for p, q in zip(ref_loss, outs[0][2][0])),
-            "emb_grad": _max_diff(ref_grad, grad)}
+    diff = {
+        "loss": max(abs(p - q) for p, q in zip(ref_loss, outs[0][2][0], strict=True)),
+        "emb_grad": _max_diff(ref_grad, grad),
+    }
     assert diff["loss"] < 1e-4 and diff["emb_grad"] < 1e-5, diff
     return {"max_abs_diff": diff}
 
 
 @section("amp_training")
 def check_amp_training(quick: bool):
+    import numpy as np
+
     from partialfc.data.datasets import ArrayDataset
     from partialfc.train.config import config_from_dict
     from partialfc.train.engine import Trainer
-
-    import numpy as np
 
     rng = np.random.default_rng(0)
     n_cls, per = 64, 8
@@ -218,18 +266,30 @@ def check_amp_training(quick: bool):
     labels = np.repeat(np.arange(n_cls), per)
     out = {}
     for precision in ("fp16", "bf16"):
-        cfg = config_from_dict({
-            "model": {"name": "iresnet50", "embedding_dim": 512},
-            "data": {"source": "omniglot", "input_size": 112, "batch_size": 128, "num_workers": 2,
-                     "augment": {"hflip": True}},
-            "head": {"sample_rate": 0.5, "margin": {"m2_rad": 0.5, "scale": 64.0}},
-            "optim": {"lr": 0.05},
-            "schedule": {"kind": "constant"},
-            "train": {"epochs": 2 if quick else 6, "precision": precision, "device": "cuda",
-                      "log_every": 1, "diagnostics_every": 0},
-            "checkpoint": {"every_steps": 0, "at_epoch_end": False},
-            "run": {"output_dir": tempfile.mkdtemp(), "name": precision, "progress": False},
-        })
+        cfg = config_from_dict(
+            {
+                "model": {"name": "iresnet50", "embedding_dim": 512},
+                "data": {
+                    "source": "omniglot",
+                    "input_size": 112,
+                    "batch_size": 128,
+                    "num_workers": 2,
+                    "augment": {"hflip": True},
+                },
+                "head": {"sample_rate": 0.5, "margin": {"m2_rad": 0.5, "scale": 64.0}},
+                "optim": {"lr": 0.05},
+                "schedule": {"kind": "constant"},
+                "train": {
+                    "epochs": 2 if quick else 6,
+                    "precision": precision,
+                    "device": "cuda",
+                    "log_every": 1,
+                    "diagnostics_every": 0,
+                },
+                "checkpoint": {"every_steps": 0, "at_epoch_end": False},
+                "run": {"output_dir": tempfile.mkdtemp(), "name": precision, "progress": False},
+            }
+        )
         trainer = Trainer(cfg, train_set=ArrayDataset(images, labels))
         t0 = time.perf_counter()
         result = trainer.fit()
@@ -238,12 +298,14 @@ def check_amp_training(quick: bool):
         losses = list(getattr(result, "losses", []) or [])
         finite = all(np.isfinite(losses)) if losses else False
         out[precision] = {
-            "steps": trainer.step, "seconds": round(seconds, 2),
+            "steps": trainer.step,
+            "seconds": round(seconds, 2),
             "images_per_s": round(trainer.step * 128 / seconds, 1),
             "first_losses": [round(v, 3) for v in losses[:3]],
             "last_losses": [round(v, 3) for v in losses[-3:]],
             "finite": finite,
-            "scaler_scale": float(trainer.scaler.get_scale()) if trainer.scaler.is_enabled()
+            "scaler_scale": float(trainer.scaler.get_scale())
+            if trainer.scaler.is_enabled()
             else None,
         }
         assert finite and losses[-1] < losses[0], out[precision]
@@ -261,8 +323,15 @@ def check_pfc_speed(quick: bool):
     for num_classes, update, storage_dtype in configs:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        pfc = PartialFC(num_classes, dim, ArcFaceMargin(), sample_rate=rate, update=update,
-                        storage_dtype=storage_dtype, device="cuda")
+        pfc = PartialFC(
+            num_classes,
+            dim,
+            ArcFaceMargin(),
+            sample_rate=rate,
+            update=update,
+            storage_dtype=storage_dtype,
+            device="cuda",
+        )
         if update == "sparse":
             opt = RowSparseSGD(pfc, lr=0.1, momentum=0.9, weight_decay=5e-4)
         else:
@@ -294,14 +363,21 @@ def check_pfc_speed(quick: bool):
             g.t() @ x
         torch.cuda.synchronize()
         gemm_s = (time.perf_counter() - t0) / 10
-        rows.append({
-            "num_classes": num_classes, "update": update, "storage_dtype": str(storage_dtype),
-            "batch": batch, "rate": rate, "active_rows": active,
-            "step_ms": round(step_s * 1e3, 3), "gemm_limit_ms": round(gemm_s * 1e3, 3),
-            "ratio_to_gemm": round(step_s / gemm_s, 2),
-            "state_gib": round(state_bytes / 2**30, 3),
-            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
-        })
+        rows.append(
+            {
+                "num_classes": num_classes,
+                "update": update,
+                "storage_dtype": str(storage_dtype),
+                "batch": batch,
+                "rate": rate,
+                "active_rows": active,
+                "step_ms": round(step_s * 1e3, 3),
+                "gemm_limit_ms": round(gemm_s * 1e3, 3),
+                "ratio_to_gemm": round(step_s / gemm_s, 2),
+                "state_gib": round(state_bytes / 2**30, 3),
+                "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+            }
+        )
         print(rows[-1], flush=True)
         del pfc, opt, x, y, w, g
     return {"rows": rows}
@@ -316,14 +392,21 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check", file=sys.stderr)
         return 2
-    RESULTS["device"] = {"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
-                         "torch": torch.__version__, "cuda": torch.version.cuda,
-                         "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    RESULTS["device"] = {
+        "name": torch.cuda.get_device_name(0),
+        "count": torch.cuda.device_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    }
     wanted = set(args.only) if args.only else None
-    plan = [("pfc_cuda_vs_cpu", check_pfc_cuda_vs_cpu, ()), ("nccl", check_nccl, ()),
-            ("gloo_cuda_2ranks", check_gloo_cuda, ()),
-            ("amp_training", check_amp_training, (args.quick,)),
-            ("pfc_speed", check_pfc_speed, (args.quick,))]
+    plan = [
+        ("pfc_cuda_vs_cpu", check_pfc_cuda_vs_cpu, ()),
+        ("nccl", check_nccl, ()),
+        ("gloo_cuda_2ranks", check_gloo_cuda, ()),
+        ("amp_training", check_amp_training, (args.quick,)),
+        ("pfc_speed", check_pfc_speed, (args.quick,)),
+    ]
     for name, fn, fn_args in plan:
         if wanted is None or name in wanted:
             fn(*fn_args)

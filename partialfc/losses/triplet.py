@@ -152,23 +152,28 @@ class TripletLoss(nn.Module):
         return positive, ~same
 
     def _mine_semihard(self, dist: Tensor, positive: Tensor, negative: Tensor) -> Triplets:
-        anchors, positives = positive.nonzero(as_tuple=True)
-        has_negative = negative.any(dim=1)
-        keep = has_negative[anchors]
-        anchors, positives = anchors[keep], positives[keep]
-        negatives = torch.empty_like(anchors)
-        in_band = torch.zeros_like(anchors, dtype=torch.bool)
+        # Sort each anchor's negative distances once (non-negatives at +inf, so last); the
+        # hardest semi-hard negative of pair (a, p) is then the first sorted d_an > d_ap, found
+        # by binary search in row a: O(B^2 log B) time, O(B^2) memory.
         inf = torch.tensor(float("inf"), dtype=dist.dtype, device=dist.device)
-        for start, stop in _pair_chunks(anchors.numel(), dist.shape[0]):
-            a, p = anchors[start:stop], positives[start:stop]
-            d_ap = dist[a, p].unsqueeze(1)
-            d_an = torch.where(negative[a], dist[a], inf)  # (chunk, B), non-negatives at inf
-            band = (d_an > d_ap) & (d_an < d_ap + self.margin)
-            band_pick = torch.where(band, d_an, inf).argmin(dim=1)
-            hardest = d_an.argmin(dim=1)
-            found = band.any(dim=1)
-            negatives[start:stop] = torch.where(found, band_pick, hardest)
-            in_band[start:stop] = found
+        sorted_neg, order = torch.where(negative, dist, inf).sort(dim=1)
+        anchors, positives = (positive & negative.any(dim=1, keepdim=True)).nonzero(as_tuple=True)
+        d_ap = dist[anchors, positives]
+        # one row of queries per anchor: pair k is the rank-th positive of its anchor
+        per_anchor = torch.bincount(anchors, minlength=dist.shape[0])
+        starts = torch.cumsum(per_anchor, 0) - per_anchor
+        rank = torch.arange(anchors.numel(), device=dist.device) - starts[anchors]
+        width = int(per_anchor.max()) if anchors.numel() else 1
+        queries = torch.full(
+            (dist.shape[0], width), float("inf"), dtype=dist.dtype, device=dist.device
+        )
+        queries[anchors, rank] = d_ap
+        first_above = torch.searchsorted(sorted_neg, queries, right=True)[anchors, rank]
+        first_above.clamp_max_(dist.shape[1] - 1)
+        candidate = sorted_neg[anchors, first_above]
+        in_band = (candidate > d_ap) & (candidate < d_ap + self.margin)
+        band_pick = order[anchors, first_above]
+        negatives = torch.where(in_band, band_pick, order[anchors, 0])  # fallback: hardest
         return Triplets(anchors, positives, negatives, in_band)
 
     @staticmethod

@@ -42,12 +42,15 @@ def build_margin(cfg: MarginConfig):
 
 
 def build_margin_schedule(cfg: MarginConfig, margin):
-    """Margin warm-up (zero margin for ``warmup_steps``) and linear ramp, or None."""
-    if not cfg.warmup_steps and not cfg.ramp_steps:
-        return None
-    from partialfc.losses.schedules import MarginSchedule
+    """No margin for ``warmup_steps``, then the full margin (or a linear ramp over
+    ``ramp_steps``); None when both are 0. Drive it with ``schedule.update(step)``."""
+    from partialfc.losses.schedules import MarginRamp, MarginWarmup
 
-    return MarginSchedule(margin, warmup_steps=cfg.warmup_steps, ramp_steps=cfg.ramp_steps)
+    if cfg.ramp_steps:
+        return MarginRamp(margin, ramp_steps=cfg.ramp_steps, start_step=cfg.warmup_steps)
+    if cfg.warmup_steps:
+        return MarginWarmup(margin, warmup_steps=cfg.warmup_steps)
+    return None
 
 
 def build_head(

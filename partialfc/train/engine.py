@@ -231,7 +231,7 @@ class Trainer:
         device = self.ctx.device
         self.lr_schedule.apply(self.optimizers, self.step)
         if self.margin_schedule is not None:
-            self.margin_schedule.step(self.step)
+            self.margin_schedule.update(self.step)
         x = self._normalize(images)
         labels = labels.to(device, non_blocking=True)
         with torch.autocast(

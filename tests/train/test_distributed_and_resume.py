@@ -132,3 +132,22 @@ def test_resume_refuses_another_class_count(tmp_path):
             model_config=TINY_MODEL_CONFIG,
             train_set=omniglot_subset(10),
         )
+
+
+def test_fine_tune_from_a_checkpoint_with_a_new_class_count(tmp_path):
+    trainer = Trainer(
+        _resume_config(tmp_path / "a", "train.epochs=0.1", "schedule.warmup_epochs=0.05"),
+        backbone=tiny_backbone(0),
+        model_config=TINY_MODEL_CONFIG,
+        train_set=omniglot_subset(20),
+    )
+    trainer.fit()
+    tuned = Trainer(
+        _resume_config(tmp_path / "b", f"checkpoint.init_from={tmp_path / 'a' / 'run'}"),
+        backbone=tiny_backbone(1),
+        model_config=TINY_MODEL_CONFIG,
+        train_set=omniglot_subset(10),
+    )
+    assert torch.equal(flat_params(tuned.backbone), flat_params(trainer.backbone))
+    assert tuned.num_classes == 10 and tuned.step == 0
+    assert len(tuned.fit().losses) == 7  # 200 images / 20 per batch × 0.7 epochs

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed
 from torch import nn
 
 from partialfc.train import checkpoint as ckpt
@@ -107,9 +108,12 @@ class Trainer:
             torch.set_num_threads(cfg.train.num_threads)
         seed_everything(cfg.train.seed + self.ctx.rank)
         device = self.ctx.device
-        self.run_dir = (
-            Path(run_dir) if run_dir is not None else Path(cfg.run.output_dir) / cfg.run.name
-        )
+        if run_dir is not None:
+            self.run_dir = Path(run_dir)
+        elif cfg.checkpoint.resume == "auto":
+            self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
+        else:  # a new run never writes into an earlier run's folder
+            self.run_dir = self._unused_run_dir(Path(cfg.run.output_dir) / cfg.run.name)
         self.checkpoint_dir = self.run_dir / "checkpoints"
 
         # ---- data
@@ -179,6 +183,19 @@ class Trainer:
             path = ckpt.resolve_checkpoint(cfg.checkpoint.resume, self.run_dir)
             if path is not None:
                 self.load_checkpoint(path)
+
+    def _unused_run_dir(self, base: Path) -> Path:
+        """``base``, or ``base-2``, ``base-3``, ... if a run already wrote there (rank 0 picks)."""
+        choice = [None]
+        if self.ctx.is_main:
+            path, n = base, 1
+            while (path / "metrics.jsonl").exists() or (path / "checkpoints").exists():
+                n += 1
+                path = base.with_name(f"{base.name}-{n}")
+            choice = [str(path)]
+        if self.ctx.distributed:
+            torch.distributed.broadcast_object_list(choice, src=0)
+        return Path(choice[0])
 
     # ------------------------------------------------------------------ data
 

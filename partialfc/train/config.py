@@ -115,7 +115,7 @@ class TrainConfig:
 
     epochs: float = 20.0
     seed: int = 0
-    precision: str = "auto"  # "auto" (bf16 on CPU, fp16 on GPU), "fp32", "bf16", "fp16"
+    precision: str = "auto"  # "auto" (fp16 on GPU, fp32 on CPU), "fp32", "bf16", "fp16"
     device: str = "auto"  # "auto", "cpu" or "cuda"
     max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
     log_every: int = 50

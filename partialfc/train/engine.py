@@ -70,9 +70,13 @@ class TrainResult:
 
 
 def resolve_precision(spec: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype for the backbone (None = fp32)."""
+    """Autocast dtype for the backbone (None = fp32).
+
+    ``auto``: fp16 (+ GradScaler) on GPU, fp32 on CPU — bf16 autocast is available on CPU
+    (``bf16``) but measured 4× slower than fp32 for the compact IResNet on this project's CPU.
+    """
     if spec == "auto":
-        spec = "fp16" if device.type == "cuda" else "bf16"
+        spec = "fp16" if device.type == "cuda" else "fp32"
     if spec == "fp16" and device.type != "cuda":
         raise ValueError("train.precision='fp16' needs a GPU; use bf16 on CPU")
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]

@@ -8,7 +8,7 @@ import torch
 
 from partialfc.data import load_omniglot
 from partialfc.losses import ArcFaceMargin, MarginSoftmaxHead
-from partialfc.models import IResNet
+from partialfc.models import IResNet, build_model
 from partialfc.tools.inversion import (
     BatchNormPrior,
     ClassCenterTarget,
@@ -124,3 +124,33 @@ def test_bad_targets_are_clear_errors():
         ClassCenterTarget(torch.randn(4, 8), [4])
     with pytest.raises(ValueError, match="no BatchNorm2d"):
         BatchNormPrior(torch.nn.Linear(2, 2))
+
+
+def test_invert_command_writes_images_and_cosines(tmp_path, capsys):
+    import json
+
+    import cv2
+
+    from partialfc.cli import main
+    from partialfc.train.checkpoint import save_backbone
+
+    config = {
+        "name": "iresnet_small",
+        "kwargs": {"embedding_dim": 64, "input_size": 28, "in_channels": 1},
+    }
+    small = build_model(config["name"], **config["kwargs"])
+    (tmp_path / "ckpt").mkdir()
+    save_backbone(small.eval(), config, tmp_path / "ckpt")
+    face = tmp_path / "face.png"
+    cv2.imwrite(str(face), np.full((28, 28), 200, dtype=np.uint8))
+    out = tmp_path / "out"
+    args = ["invert", str(tmp_path / "ckpt"), "--target-image", str(face), "--out", str(out)]
+    assert main([*args, "--steps", "3"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert len(result["cosine"]) == 1 and len(result["history"]) >= 1
+    assert cv2.imread(str(out / "inverted_000.png"), cv2.IMREAD_GRAYSCALE).shape == (28, 28)
+    assert "cosine to target" in capsys.readouterr().out
+    np.save(tmp_path / "centers.npy", np.random.default_rng(0).normal(size=(5, 64)))
+    close = ["invert", str(tmp_path / "ckpt"), "--centers", str(tmp_path / "centers.npy")]
+    assert main([*close, "--classes", "9", "--out", str(out)]) == 2  # class out of range
+    assert "labels must lie in [0, 5)" in capsys.readouterr().err

@@ -28,6 +28,7 @@ and gradients stay finite at |cos| = 1. Gradients are the true ones (no ``no_gra
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +44,7 @@ __all__ = [
 
 
 def _is_finite_number(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _sin_from_cos(cos: Tensor) -> Tensor:
@@ -125,7 +126,9 @@ class CombinedMargin(nn.Module):
 
     # ------------------------------------------------------------------ the margin function
     def target_logit_from_angle(self, theta_rad: Tensor) -> Tensor:
-        """Unscaled target logit ``f(theta)`` for angles in radians (any shape), for plots/tests.
+        """Unscaled target logit ``f(theta)`` for angles in radians in [0, pi] (any shape).
+
+        For plots and tests (e.g. monotonicity over [0, pi]).
 
         Follows the same branches as :meth:`forward` (including ``easy_margin``).
         """

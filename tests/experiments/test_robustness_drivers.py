@@ -1,0 +1,138 @@
+"""The robustness experiment drivers: every row is a valid config, the drivers run end to end at
+CI size (engine, PFC*, clean-and-retrain, triplet), and the custom losses are right."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.robustness import (
+    common,
+    conflicts_longtail,
+    custom_heads,
+    label_flips,
+    margins,
+    run_all,
+    sampling_rate,
+    subcenters,
+)
+
+DRIVERS = (sampling_rate, label_flips, conflicts_longtail, subcenters, margins)
+
+
+@pytest.mark.parametrize("driver", DRIVERS, ids=lambda m: m.EXPERIMENT)
+def test_every_row_is_a_valid_config(driver, tmp_path):
+    runs = driver.specs(2)
+    assert {r["seed"] for r in runs} == {0, 1}
+    names = [r["name"] for r in runs if r["seed"] == 0]
+    assert len(names) == len(set(names))
+    for run in runs:
+        cfg = common.build_config(run, tiny=False, run_dir=tmp_path / "x", device="cpu")
+        for key, value in run["overrides"].items():
+            section, *rest = key.split(".")
+            node = getattr(cfg, section)
+            for part in rest:
+                node = getattr(node, part)
+            assert node == value, key
+        assert cfg.data.batch_size == 32 and cfg.train.seed == run["seed"]
+
+
+def test_sampling_rate_means_something_at_this_batch_size():
+    """At batch 32 of 964 classes r = 0.1 samples twice as many negatives as positives."""
+    from partialfc.classifier import sampling_budget
+
+    budget = sampling_budget(964, 0.1)
+    expected_positives = 964 * (1 - (1 - 1 / 964) ** 32)  # distinct classes in a batch
+    assert budget == 97
+    assert 31 < expected_positives < 32
+    assert sampling_budget(964, 0.02) < expected_positives  # the "positives only" row
+
+
+def test_run_all_orders_whole_seeds_by_priority():
+    runs = run_all.all_specs({name: 2 for name in run_all.SEEDS})
+    first_seed1 = next(i for i, r in enumerate(runs) if r["seed"] == 1)
+    assert all(r["seed"] == 0 for r in runs[:first_seed1])
+    assert runs[0]["experiment"] == "sampling_rate"
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_drivers_run_end_to_end_tiny(tmp_path):
+    out = tmp_path / "r.jsonl"
+    common_args = ["--tiny", "--seeds", "1", "--device", "cpu", "--out", str(out)]
+    assert label_flips.main([*common_args, "--rows", "flip 40% PFC*"]) == 0
+    assert subcenters.main([*common_args, "--rows", "flip 40% K=3->1"]) == 0
+    assert margins.main([*common_args, "--rows", "Triplet"]) == 0
+    records = _records(out)
+    assert [r["status"] for r in records] == ["ok"] * 3
+    flips, cleaned, triplet = records
+    assert flips["training_set"]["noisy_samples"] == round(0.4 * 400)
+    for r in records:
+        assert 0.0 <= r["metrics"]["auc"] <= 1.0
+        assert r["metrics"]["k@far=0.001"] >= 0
+        assert r["train_time_s"] > 0 and math.isfinite(r["final_loss"])
+    groups = cleaned["cleaning"]["groups"]
+    assert sum(groups.values()) == 400
+    assert groups["dominant_noisy"] + groups["non_dominant_noisy"] == 160
+    # the retrain ran on the kept samples only: half an epoch of batches of 16
+    kept = cleaned["cleaning"]["kept"]
+    assert cleaned["steps"] == max(1, round(0.5 * (kept // 16)))
+    assert cleaned["subcenter_run"]["steps"] == round(0.5 * (400 // 16))
+    table = common.markdown_table(common.summarize_records(records))
+    assert "flip 40% K=3->1" in table and "Triplet" in table
+
+
+def test_summary_reports_mean_and_spread():
+    records = [
+        {"experiment": "e", "name": "a", "status": "ok", "train_time_s": t,
+         "metrics": {"tar@far=0.0001": v, "auc": 0.9, "k@far=0.0001": 8}}
+        for t, v in ((10.0, 0.20), (12.0, 0.30))
+    ] + [{"experiment": "e", "name": "a", "status": "error"}]  # fmt: skip
+    (row,) = common.summarize_records(records)
+    assert row["seeds"] == 2 and row["failed"] == 1
+    assert row["TAR@FAR=1e-4"] == f"25.00 ± {np.std([20.0, 30.0], ddof=1):.2f}"
+    assert row["train s"] == "11 ± 1"
+
+
+def _brute_force_semi_hard(x, labels, margin):
+    x = torch.nn.functional.normalize(x, dim=1)
+    losses = []
+    n = len(labels)
+    for a, p in itertools.permutations(range(n), 2):
+        if labels[a] != labels[p]:
+            continue
+        d_ap = float(((x[a] - x[p]) ** 2).sum())
+        d_neg = [float(((x[a] - x[j]) ** 2).sum()) for j in range(n) if labels[j] != labels[a]]
+        beyond = [d for d in d_neg if d > d_ap]
+        d_n = min(beyond) if beyond else max(d_neg)
+        losses.append(max(d_ap - d_n + margin, 0.0))
+    return sum(losses) / len(losses)
+
+
+def test_semi_hard_triplet_loss_matches_brute_force():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(9, 4, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 3])
+    got = custom_heads.semi_hard_triplet_loss(x, labels, margin=0.2)
+    assert float(got) == pytest.approx(_brute_force_semi_hard(x, labels.tolist(), 0.2), rel=1e-9)
+
+
+def test_pk_sampler_batches_hold_p_classes_of_k_images():
+    labels = np.repeat(np.arange(30), 5)
+    sampler = custom_heads.PKBatchSampler(labels, batch_size=16, classes_per_batch=4, seed=0)
+    order = list(sampler)
+    assert len(order) == len(sampler) == (150 // 16) * 16
+    for start in range(0, len(order), 16):
+        batch = labels[order[start : start + 16]]
+        classes, counts = np.unique(batch, return_counts=True)
+        assert len(classes) == 4 and set(counts) == {4}
+    sampler.load_state_dict({"epoch": 0, "consumed_samples": 32})
+    assert list(sampler) == order[32:]

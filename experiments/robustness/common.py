@@ -420,7 +420,7 @@ def read_records(paths: Iterable[str | Path]) -> list[dict]:
 COLUMNS = (
     ("TAR@FAR=1e-4", "tar@far=0.0001", 100.0),
     ("TAR@FAR=1e-3", "tar@far=0.001", 100.0),
-    ("ROC AUC", "auc", 100.0),
+    ("AUC %", "auc", 100.0),
     ("EER %", "eer", 100.0),
     ("1-shot %", "one_shot_acc", 100.0),
 )

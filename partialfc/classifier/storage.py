@@ -23,18 +23,35 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 CHUNK_ROWS = 1 << 15  # rows per staging / rounding chunk (32768 x 512 x 4 B = 64 MiB)
 
 
+_NOISE_POOLS: dict[tuple[str, int], Tensor] = {}
+
+
+def _noise_pool(device: torch.device, size: int) -> Tensor:
+    """A fixed pool of iid uniform 16-bit integers, stored twice so any window is a view."""
+    key = (str(device), size)
+    if key not in _NOISE_POOLS:
+        gen = torch.Generator(device="cpu").manual_seed(0x5EED)
+        pool = torch.randint(0, 1 << 16, (size,), dtype=torch.int32, generator=gen)
+        _NOISE_POOLS[key] = torch.cat([pool, pool]).to(device)
+    return _NOISE_POOLS[key]
+
+
 def stochastic_round_to_bfloat16(values: Tensor, generator: torch.Generator | None) -> Tensor:
     """Round float32 ``values`` to bfloat16 stochastically, **in place** on ``values``' bits.
 
-    Returns the bfloat16 tensor. ``values`` (contiguous float32) is left truncated.
+    The 16 random bits per element come from a window, at a uniformly random offset, of a
+    fixed pool of iid uniform integers (a view: two cheap passes instead of a per-element
+    random number generator). Each element's noise is uniform over the pool, so
+    ``E[round(x)] = x``. Returns the bfloat16 tensor; ``values`` is left truncated.
     """
     if values.dtype != torch.float32 or not values.is_contiguous():
         raise ValueError("stochastic rounding needs a contiguous float32 tensor")
-    bits = values.view(torch.int32)
-    noise = torch.randint(
-        0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device, generator=generator
-    )
-    bits.add_(noise).bitwise_and_(-65536)  # keep sign, exponent and the top 7 mantissa bits
+    bits = values.view(-1).view(torch.int32)
+    size = max(CHUNK_ROWS * 512, 1 << (bits.numel() - 1).bit_length())  # few distinct pools
+    pool = _noise_pool(bits.device, size)
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    offset = int(torch.randint(0, size, (1,), generator=generator, device=gen_device))
+    bits.add_(pool[offset : offset + bits.numel()]).bitwise_and_(-65536)  # keep the top 16
     return values.to(torch.bfloat16)
 
 

@@ -41,6 +41,7 @@ def test_terms_match_an_independent_computation():
     assert total == pytest.approx(expected, rel=1e-6)
 
 
+@torch.no_grad()
 def test_regression_and_kl_vanish_when_student_equals_teacher():
     loss, head, _ = make()
     loss.teacher_centers.copy_(F.normalize(head.weight.detach(), dim=1))
@@ -50,6 +51,7 @@ def test_regression_and_kl_vanish_when_student_equals_teacher():
     assert float(terms["kl"]) == pytest.approx(0.0, abs=1e-6)
 
 
+@torch.no_grad()
 def test_temperature_scales_the_kl_weight_by_t_squared():
     loss, _, _ = make(temperature=2.0)
     s, t, y = torch.randn(3, 8), torch.randn(3, 8), torch.tensor([0, 1, 2])

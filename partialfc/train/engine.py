@@ -441,7 +441,17 @@ class Trainer:
             barrier(self.ctx)
             return None
         out_dir = self.run_dir / ("report" if final else f"eval/step-{self.step:08d}")
-        summary = self.evaluator(self.embed_fn(), out_dir)
+        summary = self.evaluator(
+            self.embed_fn(),
+            out_dir,
+            title=f"Verification of {self.run_dir.name} at step {self.step}",
+            meta={
+                "step": self.step,
+                "epochs": round(self.step / self.steps_per_epoch, 3),
+                "model": self.model_config,
+                "num_classes": self.num_classes,
+            },
+        )
         self.log.write("eval", self.step, **summary)
         barrier(self.ctx)
         return summary

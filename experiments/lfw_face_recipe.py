@@ -1,0 +1,576 @@
+"""A face-verification recipe trained only on the LFW development part, on a CPU.
+
+    python experiments/lfw_face_recipe.py --config configs/lfw_dev_val.yaml     # validate
+    python experiments/lfw_face_recipe.py --config configs/lfw_dev_final.yaml   # final + export
+
+Data (``../shared/data/lfw_dev``, see its README): greyscale 96×96 face crops of the people of
+LFW View 2 folds 1–5 (``lfw_gray96_dev.npz``) and of the people in no View 2 pair ("fold 0",
+``lfw_gray96_extra.npz``), plus the 150×150 colour images of the View 2 folds 1–5 pairs.
+
+Split (``recipe.train_folds`` / ``recipe.val_folds``): training uses the grey images of the
+people of the training folds (fold 0 = the extra people); validation uses the pairs of the
+validation folds of ``pairs_dev.txt`` and all-vs-all pairs of the grey images of the
+validation people. LFW folds are person-disjoint; :func:`check_person_disjoint` asserts it for
+every split this script builds, by name, before anything is trained.
+
+Validation metrics (:func:`evaluate_validation`), every rate with its counts:
+
+* ``pairs``: the validation folds' pairs; accuracy with the threshold chosen on the other
+  fold(s) (LFW's protocol restricted to these folds), ROC AUC, EER;
+* ``all_vs_all``: every pair of grey images of the validation people, TAR at FAR = 1e-4, 1e-3,
+  1e-2 with ``k`` (the false accepts the threshold admits);
+* ``templates``: each validation person with several images split into two templates
+  (alternate images, embeddings averaged before normalising; seed 001 ch. 6), all-vs-all over
+  templates;
+* the same for the raw-pixel baseline (cosine of mean-centred central 64×64 pixels).
+
+Pair images come from the grey set when both images are there (``recipe.val_images: grey``,
+2,791 of the 3,000 dev pairs) or, for every pair, from the colour images converted to grey
+and cropped to the grey set's framing (``colour``; :func:`colour_to_grey_crop`).
+
+Margin warm-up (seed 001 ch. 5, failure 1: at initialisation θ_y ≈ 90° for every sample and a
+full margin adds loss before the model has done anything wrong): zero margin for
+``recipe.margin_warmup_epochs``, then a linear ramp to the configured margin over
+``recipe.margin_ramp_epochs`` (the engine's margin schedule, given here in epochs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+GREY_SIZE = 96  # side of the grey crops, pixels
+# The grey crops' framing inside the 150×150 colour images: a centred square of this side
+# (pixels), found by maximising the mean normalised cross-correlation with the grey crops over
+# 150 images present in both sets (:func:`estimate_colour_crop`; side 116 centred: NCC 0.79,
+# vs 0.92 when every image gets its own best box: the grey crops are not all framed alike).
+COLOUR_CROP_SIDE = 116
+COLOUR_CROP_CENTRE = (75.0, 75.0)  # (x, y) in colour-image pixels
+DEFAULT_FARS = (1e-4, 1e-3, 1e-2)
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class RecipeConfig:
+    """The ``recipe:`` section of a ``configs/lfw_dev_*.yaml`` file (everything else is the
+    training engine's :class:`partialfc.train.config.Config`)."""
+
+    data_root: str | None = None  # the lfw_dev folder; None = partialfc's shared data folder
+    train_folds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])  # 0 = extra people
+    val_folds: list[int] = field(default_factory=lambda: [4, 5])  # [] = no validation
+    val_images: str = "grey"  # "grey" (pairs with both grey crops) or "colour" (every pair)
+    pair_sources: list[str] = field(default_factory=lambda: ["grey", "colour"])  # evaluated
+    flip_test: bool = True  # embedding = normalise(f(x) + f(mirror(x)))
+    margin_warmup_epochs: float = 0.0  # zero margin for this long
+    margin_ramp_epochs: float = 0.0  # then linear ramp to the configured margin
+    max_train_images: int = 0  # keep only the first N training images (0 = all; tests)
+    export: bool = False  # export the trained backbone (ONNX + safetensors + spec)
+
+
+def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
+    names = {f.name for f in fields(RecipeConfig)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(
+            f"{source}: unknown recipe key(s) {sorted(unknown)}; valid: {sorted(names)}"
+        )
+    recipe = RecipeConfig(**data)
+    for value in [recipe.val_images, *recipe.pair_sources]:
+        if value not in ("grey", "colour"):
+            raise ValueError(f"{source}: pair image sources are 'grey' or 'colour', got {value!r}")
+    if recipe.val_images not in recipe.pair_sources:
+        raise ValueError(f"{source}: recipe.val_images must be one of recipe.pair_sources")
+    bad = [f for f in recipe.train_folds + recipe.val_folds if f not in range(6)]
+    if bad:
+        raise ValueError(f"{source}: folds must be in 0..5 (0 = the extra people), got {bad}")
+    if 0 in recipe.val_folds:
+        raise ValueError(f"{source}: fold 0 has no pairs; it cannot be a validation fold")
+    return recipe
+
+
+def load_recipe(path: str | Path, overrides: list[str] = ()):
+    """``(RecipeConfig, engine Config)`` from a YAML file with a ``recipe:`` section.
+
+    Overrides are ``dotted.key=value`` (``recipe.val_images=colour``, ``train.epochs=2``).
+    """
+    from partialfc.train.config import apply_overrides, config_from_dict, validate
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping of sections")
+    recipe_data = dict(data.pop("recipe", None) or {})
+    engine_overrides = []
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if key.strip().startswith("recipe."):
+            recipe_data[key.strip()[len("recipe.") :]] = yaml.safe_load(raw)
+        else:
+            engine_overrides.append(item)
+    apply_overrides(data, engine_overrides)
+    return _recipe_from_dict(recipe_data, str(path)), validate(config_from_dict(data, str(path)))
+
+
+# ---------------------------------------------------------------------------- data
+
+
+@dataclass
+class LfwSplit:
+    """Training images and the validation material of one split (all uint8 grey 96×96)."""
+
+    train_images: np.ndarray  # (N, 96, 96)
+    train_labels: np.ndarray  # (N,) int64, contiguous 0..K-1
+    train_identities: list[str]  # K names
+    val_images: np.ndarray  # (M, 96, 96): every grey image of the validation people
+    val_labels: np.ndarray  # (M,) int64
+    val_identities: list[str]
+    val_image_names: list[str]  # (M,) LFW image ids ``<Name>_<NNNN>``
+    pairs: object | None  # VerificationPairs of the validation folds (None: no validation)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.train_identities)
+
+
+def lfw_root(recipe: RecipeConfig) -> Path:
+    from partialfc.data.arrays import shared_data_root
+
+    return Path(recipe.data_root) if recipe.data_root else shared_data_root() / "lfw_dev"
+
+
+def load_lfw_names(recipe: RecipeConfig) -> list[str]:
+    """Names of every person of the grey development set (folds 1-5)."""
+    from partialfc.data.arrays import load_lfw_gray
+
+    return load_lfw_gray(lfw_root(recipe), part="dev").identity_names
+
+
+def _select_people(faces, folds: list[int]):
+    """Images, contiguous labels and names of the people of ``folds`` in a FaceSet."""
+    person_fold = np.asarray(faces.identity_fold)
+    keep_person = np.isin(person_fold, folds)
+    keep = keep_person[faces.labels]
+    old = np.flatnonzero(keep_person)
+    remap = np.full(len(faces.identity_names), -1, dtype=np.int64)
+    remap[old] = np.arange(old.size)
+    return faces.images[keep], remap[faces.labels[keep]], [faces.identity_names[i] for i in old]
+
+
+def build_split(recipe: RecipeConfig) -> LfwSplit:
+    """Training set of ``recipe.train_folds`` and validation material of ``recipe.val_folds``.
+
+    Raises ValueError when a person would be on both sides (:func:`check_person_disjoint`).
+    """
+    from partialfc.data.arrays import load_lfw_gray
+    from partialfc.data.lfw import read_lfw_pairs
+
+    root = lfw_root(recipe)
+    dev = load_lfw_gray(root, part="dev")
+    parts = [_select_people(dev, [f for f in recipe.train_folds if f != 0])]
+    if 0 in recipe.train_folds:
+        parts.append(_select_people(load_lfw_gray(root, part="extra"), [0]))
+    images, labels, names, offset = [], [], [], 0
+    for part_images, part_labels, part_names in parts:
+        images.append(part_images)
+        labels.append(part_labels + offset)
+        names += part_names
+        offset += len(part_names)
+    train_images, train_labels = np.concatenate(images), np.concatenate(labels)
+    if recipe.max_train_images:
+        train_images = train_images[: recipe.max_train_images]
+        used, train_labels = np.unique(train_labels[: recipe.max_train_images], return_inverse=True)
+        names = [names[i] for i in used]
+    val_images, val_labels, val_names = _select_people(dev, recipe.val_folds)
+    val_rows = np.flatnonzero(np.isin(np.asarray(dev.identity_fold)[dev.labels], recipe.val_folds))
+    val_image_names = [dev.image_names[i] for i in val_rows]
+    pairs = None
+    if recipe.val_folds:
+        all_pairs = read_lfw_pairs(root / "pairs_dev.txt")
+        pairs = subset_pairs(all_pairs, np.isin(all_pairs.fold, recipe.val_folds))
+    split = LfwSplit(
+        train_images, train_labels, names, val_images, val_labels, val_names, val_image_names, pairs
+    )
+    check_person_disjoint(split)
+    return split
+
+
+def subset_pairs(pairs, keep: np.ndarray):
+    """The pairs where ``keep`` is true (a new VerificationPairs)."""
+    from partialfc.data.lfw import VerificationPairs
+
+    idx = np.flatnonzero(keep)
+    return VerificationPairs(
+        name1=[pairs.name1[i] for i in idx],
+        number1=pairs.number1[idx],
+        name2=[pairs.name2[i] for i in idx],
+        number2=pairs.number2[idx],
+        issame=pairs.issame[idx],
+        fold=pairs.fold[idx],
+    )
+
+
+def check_person_disjoint(split: LfwSplit) -> None:
+    """Raise ValueError if any training identity appears among the validation people or in a
+    validation pair (names compared exactly)."""
+    train = set(split.train_identities)
+    val = set(split.val_identities)
+    if split.pairs is not None:
+        val |= set(split.pairs.name1) | set(split.pairs.name2)
+    shared = sorted(train & val)
+    if shared:
+        raise ValueError(
+            f"training and validation share {len(shared)} people (e.g. {shared[:3]}); "
+            "the validation split must be person-disjoint"
+        )
+
+
+def resize_to(images: np.ndarray, size: int) -> np.ndarray:
+    """Grey crops at the model's input size (area filter when shrinking)."""
+    from partialfc.eval import resize_images
+
+    return resize_images(images, (size, size))
+
+
+def colour_to_grey_crop(
+    rgb: np.ndarray,
+    side: float = COLOUR_CROP_SIDE,
+    centre: tuple[float, float] = COLOUR_CROP_CENTRE,
+    size: int = GREY_SIZE,
+) -> np.ndarray:
+    """A 150×150 RGB LFW pair image → a grey ``size``×``size`` crop framed like the grey set.
+
+    BT.601 luma, then the square of ``side`` pixels centred at ``centre`` resampled to
+    ``size`` (area filter).
+    """
+    import cv2
+
+    grey = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
+    x0, y0 = centre[0] - side / 2, centre[1] - side / 2
+    to_crop = np.array([[side / size, 0, x0], [0, side / size, y0]], dtype=np.float32)
+    flags = cv2.INTER_AREA | cv2.WARP_INVERSE_MAP
+    return cv2.warpAffine(grey, to_crop, (size, size), flags=flags)
+
+
+def estimate_colour_crop(colour_grey: list[np.ndarray], grey: list[np.ndarray], sides, shifts):
+    """``(mean NCC, side, dx, dy)`` of the best centred-square framing, by grid search: the
+    colour images (already grey) cropped at each candidate box vs the grey crops."""
+
+    def ncc(a, b):
+        a, b = a - a.mean(), b - b.mean()
+        return float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum()))
+
+    best = (-2.0, 0, 0, 0)
+    for side in sides:
+        for dx in shifts:
+            for dy in shifts:
+                box = (float(side), (75.0 + dx, 75.0 + dy))
+                crops = [colour_to_grey_crop(np.dstack([c] * 3), *box) for c in colour_grey]
+                score = float(
+                    np.mean(
+                        [
+                            ncc(c.astype(float), g.astype(float))
+                            for c, g in zip(crops, grey, strict=True)
+                        ]
+                    )
+                )
+                best = max(best, (score, side, dx, dy))
+    return best
+
+
+@dataclass
+class PairImages:
+    """Where the images of each pair are: rows of ``images`` (the validation people's grey
+    crops for the ``grey`` source, the converted colour images for ``colour``)."""
+
+    images: np.ndarray  # (U, 96, 96) uint8 grey
+    first: np.ndarray  # (P,) row of each kept pair's first image
+    second: np.ndarray
+    keep: np.ndarray  # (all pairs,) bool: pairs this source can build
+
+
+def pair_images(recipe: RecipeConfig, split: LfwSplit, source: str) -> PairImages:
+    """Grey images for the validation pairs: ``"grey"`` (the pairs whose two images are in the
+    grey set; rows of ``split.val_images``) or ``"colour"`` (every pair, through
+    :func:`colour_to_grey_crop`)."""
+    from partialfc.data.lfw import LfwImageArchive
+
+    pairs = split.pairs
+    keys1 = [f"{n}_{int(k):04d}" for n, k in zip(pairs.name1, pairs.number1, strict=True)]
+    keys2 = [f"{n}_{int(k):04d}" for n, k in zip(pairs.name2, pairs.number2, strict=True)]
+    if source == "grey":
+        row = {name: i for i, name in enumerate(split.val_image_names)}
+        images = split.val_images
+    elif source == "colour":
+        archive = LfwImageArchive(lfw_root(recipe) / "lfw_color150_dev.zip")
+        wanted = sorted(set(keys1) | set(keys2))
+        row = {k: i for i, k in enumerate(wanted)}
+        images = np.stack([colour_to_grey_crop(archive.read(*k.rsplit("_", 1))) for k in wanted])
+    else:
+        raise ValueError(f"pair image source must be 'grey' or 'colour', got {source!r}")
+    keep = np.array([a in row and b in row for a, b in zip(keys1, keys2, strict=True)])
+    first = np.array([row[k] for k, ok in zip(keys1, keep, strict=True) if ok], dtype=np.int64)
+    second = np.array([row[k] for k, ok in zip(keys2, keep, strict=True) if ok], dtype=np.int64)
+    return PairImages(images, first, second, keep)
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+def _upper_pairs(emb: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Genuine and impostor cosine scores of every unordered pair of rows."""
+    scores = emb @ emb.T
+    i, j = np.triu_indices(len(emb), k=1)
+    same = labels[i] == labels[j]
+    s = scores[i, j].astype(np.float64)
+    return s[same], s[~same]
+
+
+def two_templates_per_person(labels: np.ndarray) -> np.ndarray:
+    """Template id per image: a person's images alternate between two templates (``2·label``
+    and ``2·label + 1``) when the person has several images; a single image is one template."""
+    template = np.empty(len(labels), dtype=np.int64)
+    for person in np.unique(labels):
+        rows = np.flatnonzero(labels == person)
+        template[rows] = 2 * person + (np.arange(rows.size) % 2)
+    return template
+
+
+def _report_dict(report) -> dict:
+    out = {
+        "n_genuine": report.n_genuine,
+        "n_impostor": report.n_impostor,
+        "auc": report.auc,
+        "eer": report.eer.eer,
+    }
+    for t in report.tar_at_far:
+        out[f"tar@far={t.target_far:g}"] = {
+            "tar": t.tar.rate,
+            "true_accepts": t.tar.k,
+            "n_genuine": t.tar.n,
+            "k_false_accepts": t.far.k,
+            "n_impostor": t.far.n,
+            "threshold": t.threshold,
+        }
+    if report.kfold_accuracy is not None:
+        acc = report.kfold_accuracy
+        out["accuracy"] = {
+            "mean": acc.mean,
+            "std": acc.std,
+            "per_fold": [a.rate for a in acc.fold_accuracy],
+            "n_pairs": acc.n_pairs,
+        }
+    return out
+
+
+@dataclass
+class RawEmbeddings:
+    """Unnormalised embeddings of the validation images, plain and of the mirrored images."""
+
+    val: np.ndarray  # (M, d) of split.val_images
+    colour: np.ndarray  # (U, d) of the colour pair images
+    val_flipped: np.ndarray | None = None
+    colour_flipped: np.ndarray | None = None
+
+    def combined(self, flip: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``f(x)``, or ``f(x) + f(mirror(x))`` for the flip test (summed before normalising)."""
+        if not flip:
+            return self.val, self.colour
+        return self.val + self.val_flipped, self.colour + self.colour_flipped
+
+
+def embed_raw(embed, images: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    from partialfc.eval import embed_images
+
+    return embed_images(embed, images, flip=False, batch_size=batch_size, normalize=False)
+
+
+def evaluate_embeddings(
+    val_raw: np.ndarray, colour_raw: np.ndarray, split: LfwSplit, pair_sets: dict
+) -> dict:
+    """All validation metrics from raw embeddings of the validation and colour pair images."""
+    from partialfc.eval import l2_normalize, pool_templates, verification_report
+
+    out: dict = {}
+    for source, pi in pair_sets.items():
+        emb = l2_normalize(val_raw if source == "grey" else colour_raw)
+        scores = np.sum(emb[pi.first] * emb[pi.second], axis=1)
+        report = verification_report(
+            f"pairs_{source}",
+            scores=scores,
+            is_genuine=split.pairs.issame[pi.keep],
+            folds=split.pairs.fold[pi.keep],
+            fars=(1e-2, 1e-1),
+        )
+        out[f"pairs_{source}"] = _report_dict(report)
+    genuine, impostor = _upper_pairs(l2_normalize(val_raw), split.val_labels)
+    out["all_vs_all"] = _report_dict(
+        verification_report("all_vs_all", genuine, impostor, fars=DEFAULT_FARS)
+    )
+    template_ids = two_templates_per_person(split.val_labels)
+    ids, templates = pool_templates(val_raw, template_ids)
+    genuine, impostor = _upper_pairs(templates, ids // 2)
+    out["templates"] = _report_dict(
+        verification_report("templates", genuine, impostor, fars=DEFAULT_FARS)
+    )
+    return out
+
+
+def raw_pixel_embed(reference: np.ndarray, size: int = 64):
+    """Baseline embed function: central ``size``×``size`` pixels minus their mean over
+    ``reference`` images (cosine of mean-centred pixels)."""
+    lo = (reference.shape[1] - size) // 2
+    mean = reference[:, lo : lo + size, lo : lo + size].reshape(len(reference), -1).mean(0)
+
+    def embed(images: np.ndarray) -> np.ndarray:
+        x = images[:, lo : lo + size, lo : lo + size].reshape(len(images), -1)
+        return x.astype(np.float32) - mean
+
+    return embed
+
+
+def evaluate_validation(
+    embed_fn, split: LfwSplit, recipe: RecipeConfig, input_size: int, baseline: bool = True
+) -> dict:
+    """Model metrics with and without the flip test (and the raw-pixel baseline), for both
+    pair image sources."""
+    from partialfc.eval import flip_horizontal
+
+    pair_sets = {s: pair_images(recipe, split, s) for s in recipe.pair_sources}
+    colour_images = pair_sets["colour"].images if "colour" in pair_sets else split.val_images[:1]
+
+    def model_embed(images):
+        return embed_fn(resize_to(images, input_size))
+
+    raw = RawEmbeddings(
+        val=embed_raw(model_embed, split.val_images),
+        colour=embed_raw(model_embed, colour_images),
+        val_flipped=embed_raw(model_embed, np.ascontiguousarray(flip_horizontal(split.val_images))),
+        colour_flipped=embed_raw(model_embed, np.ascontiguousarray(flip_horizontal(colour_images))),
+    )
+    result = {
+        "model": evaluate_embeddings(*raw.combined(recipe.flip_test), split, pair_sets),
+        "model_no_flip": evaluate_embeddings(*raw.combined(False), split, pair_sets),
+        "pair_image_source": recipe.val_images,
+    }
+    if baseline:
+        pixels = raw_pixel_embed(split.val_images)
+        result["raw_pixels"] = evaluate_embeddings(
+            embed_raw(pixels, split.val_images), embed_raw(pixels, colour_images), split, pair_sets
+        )
+    return result
+
+
+def headline(metrics: dict, source: str) -> str:
+    pairs = metrics[f"pairs_{source}"]
+    ava = metrics["all_vs_all"]["tar@far=0.001"]
+    tmpl = metrics["templates"]["tar@far=0.001"]
+    return (
+        f"acc {100 * pairs['accuracy']['mean']:.2f}% ({pairs['accuracy']['n_pairs']} pairs), "
+        f"AUC {pairs['auc']:.4f}; all-vs-all TAR@FAR=1e-3 {100 * ava['tar']:.2f}% "
+        f"(k={ava['k_false_accepts']} of {ava['n_impostor']}, {ava['n_genuine']} genuine); "
+        f"templates {100 * tmpl['tar']:.2f}%"
+    )
+
+
+# ---------------------------------------------------------------------------- driver
+
+
+def build_trainer(recipe: RecipeConfig, cfg, split: LfwSplit, run_dir: Path | None = None):
+    """A :class:`partialfc.train.engine.Trainer` on the split's training images.
+
+    The margin warm-up given in epochs (``recipe.margin_warmup_epochs`` / ``_ramp_epochs``) is
+    turned into the engine's ``head.margin.warmup_steps`` / ``ramp_steps``.
+    """
+    from partialfc.data.datasets import ArrayDataset
+    from partialfc.train.engine import Trainer
+
+    images = resize_to(split.train_images, cfg.data.input_size)
+    train_set = ArrayDataset(images, split.train_labels)
+    steps_per_epoch = len(train_set) // cfg.data.batch_size  # one rank, drop_last
+    cfg.head.margin.warmup_steps = round(recipe.margin_warmup_epochs * steps_per_epoch)
+    cfg.head.margin.ramp_steps = round(recipe.margin_ramp_epochs * steps_per_epoch)
+    return Trainer(cfg, train_set=train_set, run_dir=run_dir)
+
+
+def _atomic_write_json(path: Path, data: dict) -> None:
+    from partialfc.train.checkpoint import atomic_write_bytes
+
+    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def run(recipe: RecipeConfig, cfg) -> dict:
+    """Train, validate (when there are validation folds), export (when asked); returns and
+    writes ``<run>/recipe_result.json``."""
+    t0 = time.perf_counter()
+    split = build_split(recipe)
+    print(
+        f"train: {len(split.train_images)} images of {split.num_classes} people "
+        f"(folds {recipe.train_folds}); validation people: {len(split.val_identities)} "
+        f"({len(split.val_images)} images), pairs: {len(split.pairs) if split.pairs else 0}",
+        flush=True,
+    )
+    trainer = build_trainer(recipe, cfg, split)
+    t_train = time.perf_counter()
+    fit = trainer.fit()
+    train_seconds = time.perf_counter() - t_train
+    result = {
+        "recipe": asdict(recipe),
+        "train_images": int(len(split.train_images)),
+        "train_identities": split.num_classes,
+        "steps": fit.steps,
+        "epochs": fit.epochs_completed,
+        "train_seconds": train_seconds,
+        "final_loss": float(np.nanmean(fit.losses[-20:])) if fit.losses else None,
+        "checkpoint": str(fit.last_checkpoint),
+    }
+    if recipe.val_folds:
+        metrics = evaluate_validation(trainer.embed_fn(), split, recipe, cfg.data.input_size)
+        result["validation"] = metrics
+        for name in ("model", "model_no_flip", "raw_pixels"):
+            print(f"{name:14s} {headline(metrics[name], recipe.val_images)}", flush=True)
+    if recipe.export:
+        from partialfc.deploy import PreprocessingSpec, export_backbone
+
+        spec = PreprocessingSpec.from_model_config(trainer.model_config)
+        exported = export_backbone(trainer.backbone, spec, trainer.run_dir / "export")
+        result["export"] = exported.to_dict()
+        print(
+            f"exported to {exported.onnx_path} (onnxruntime vs torch: {exported.max_abs_diff:.2g})"
+        )
+    result["total_seconds"] = time.perf_counter() - t0
+    _atomic_write_json(trainer.run_dir / "recipe_result.json", result)
+    print(
+        f"train {train_seconds / 60:.1f} min; results in {trainer.run_dir / 'recipe_result.json'}"
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="configs/lfw_dev_val.yaml or _final.yaml")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override, e.g. train.epochs=2 or recipe.val_images=colour (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    recipe, cfg = load_recipe(args.config, args.set)
+    run(recipe, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The LFW face recipe: its split is person-disjoint, its preset trains, its export matches."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_recipe_module():
+    spec = importlib.util.spec_from_file_location(
+        "lfw_face_recipe", REPO / "experiments" / "lfw_face_recipe.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+recipe_mod = _load_recipe_module()
+
+
+def _val_recipe(shared_data: Path, *overrides: str):
+    return recipe_mod.load_recipe(
+        REPO / "configs" / "lfw_dev_val.yaml",
+        [f"recipe.data_root={shared_data / 'lfw_dev'}", *overrides],
+    )
+
+
+def test_validation_split_is_person_disjoint(shared_data):
+    recipe, _ = _val_recipe(shared_data)
+    split = recipe_mod.build_split(recipe)
+    train, val = set(split.train_identities), set(split.val_identities)
+    pair_people = set(split.pairs.name1) | set(split.pairs.name2)
+    assert not train & val and not train & pair_people
+    # pair people missing from the grey set have no grey image at all (on neither side)
+    dev_people = set(recipe_mod.load_lfw_names(recipe))
+    assert not (pair_people - val) & dev_people and len(pair_people - val) < 30
+    # folds 1-3 of the grey dev set plus the 1,428 extra (fold 0) people; folds 4-5 validate
+    assert split.num_classes == 428 + 402 + 388 + 1428
+    assert len(split.train_images) == 1135 + 1164 + 905 + 1505
+    assert len(split.val_identities) == 410 + 413 and len(split.val_images) == 1133 + 846
+    assert len(split.pairs) == 1200 and set(np.unique(split.pairs.fold)) == {4, 5}
+    # labels are contiguous and name the right people
+    assert split.train_labels.min() == 0 and split.train_labels.max() == split.num_classes - 1
+
+
+def test_overlapping_split_is_refused(shared_data):
+    recipe, _ = _val_recipe(shared_data, "recipe.train_folds=[0,1,2,3,4]")
+    with pytest.raises(ValueError, match="person-disjoint"):
+        recipe_mod.build_split(recipe)
+
+
+def test_grey_pairs_point_at_the_named_images(shared_data):
+    recipe, _ = _val_recipe(shared_data)
+    split = recipe_mod.build_split(recipe)
+    grey = recipe_mod.pair_images(recipe, split, "grey")
+    kept = np.flatnonzero(grey.keep)
+    p = split.pairs
+    for row, i in enumerate(kept[:50]):
+        assert split.val_image_names[grey.first[row]] == f"{p.name1[i]}_{p.number1[i]:04d}"
+        assert split.val_image_names[grey.second[row]] == f"{p.name2[i]}_{p.number2[i]:04d}"
+    assert 0.85 < grey.keep.mean() < 1.0  # the grey set lacks a few pair images
+
+
+def test_preset_first_steps_train_on_a_tiny_subset(shared_data, tmp_path):
+    recipe, cfg = _val_recipe(
+        shared_data,
+        "recipe.max_train_images=32",
+        "train.epochs=2",
+        "schedule.warmup_epochs=0",
+        "data.batch_size=16",
+        "data.num_workers=0",
+        "data.input_size=32",
+        "model.embedding_dim=16",
+        "run.progress=false",
+    )
+    split = recipe_mod.build_split(recipe)
+    trainer = recipe_mod.build_trainer(recipe, cfg, split, run_dir=tmp_path / "run")
+    # 32 images / 16 = 2 steps per epoch: margin zero for 0.5 epoch, then ramped over 1
+    assert (cfg.head.margin.warmup_steps, cfg.head.margin.ramp_steps) == (1, 2)
+    result = trainer.fit()
+    assert result.steps == 4 and np.isfinite(result.losses).all()
+    assert trainer.margin.m2_rad == pytest.approx(0.3)  # the ramp reached the full margin
+    emb = trainer.embed_fn()(recipe_mod.resize_to(split.val_images[:4], 32))
+    assert emb.shape == (4, 16) and np.isfinite(emb).all()
+
+
+def test_two_templates_per_person():
+    labels = np.array([0, 0, 0, 1, 2, 2])
+    assert recipe_mod.two_templates_per_person(labels).tolist() == [0, 1, 0, 2, 4, 5]
+
+
+def test_colour_crop_takes_the_centred_square():
+    rgb = np.zeros((150, 150, 3), np.uint8)
+    rgb[75 - 29 : 75 + 29, 75 - 29 : 75 + 29] = 200  # a square half the crop's side
+    crop = recipe_mod.colour_to_grey_crop(rgb, side=116, size=96)
+    assert crop.shape == (96, 96)
+    assert crop[48, 48] == 200 and crop[2, 2] == 0 and crop[93, 93] == 0
+    inside = (crop > 100).sum() / crop.size
+    assert inside == pytest.approx(0.25, abs=0.03)
+
+
+def test_exported_onnx_embedding_equals_pytorch(tmp_path):
+    from partialfc.deploy import Embedder, PreprocessingSpec, export_backbone
+    from partialfc.models import build_model
+
+    torch.manual_seed(0)
+    model_config = {
+        "name": "iresnet_small",
+        "kwargs": {"embedding_dim": 16, "input_size": 32, "in_channels": 1},
+    }
+    model = build_model(model_config["name"], **model_config["kwargs"]).eval()
+    spec = PreprocessingSpec.from_model_config(model_config)
+    export_backbone(model, spec, tmp_path)
+    images = np.random.default_rng(1).integers(0, 256, size=(5, 32, 32), dtype=np.uint8)
+    onnx_embedder = Embedder.load(tmp_path, backend="onnx")
+    x = torch.from_numpy(images).float().div(255).sub(0.5).div(0.5).unsqueeze(1)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    got = onnx_embedder.embed_raw(images)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())

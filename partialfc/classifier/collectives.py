@@ -8,10 +8,10 @@ Autograd conventions (seed 000 §3.2.1):
 * :func:`all_gather_rows` concatenates every rank's rows (sizes may differ, an empty block is
   fine). Its backward all-reduces (sums) the incoming gradient and returns this rank's slice:
   each rank receives the gradient of its own rows summed over all ranks.
-* :func:`all_reduce_sum_identity_backward` sums a tensor over ranks; its backward is the
-  identity. That is exact when every rank computes the *same* scalar loss from the reduced
-  value (true for the distributed softmax): rank k then back-propagates
-  ``d loss / d local_term_k`` through its own terms only.
+* The softmax's all-reduced sums (of ``exp`` and of the target logit) need no communication
+  in backward: every rank computes the *same* loss from the reduced values, so rank k
+  back-propagates ``d loss / d local_term_k`` through its own terms only (identity backward;
+  see ``partial_fc._ShardedMarginSoftmax``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ __all__ = [
     "all_gather_rows",
     "all_gather_rows_no_grad",
     "all_reduce_max",
-    "all_reduce_sum_identity_backward",
     "all_reduce_flag_all",
     "barrier",
 ]
@@ -105,25 +104,6 @@ def all_reduce_max(tensor: Tensor, process_group=None) -> Tensor:
     if _distributed(process_group):
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=process_group)
     return tensor
-
-
-class _AllReduceSumIdentityBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor: Tensor, process_group) -> Tensor:
-        out = tensor.clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=process_group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad, None
-
-
-def all_reduce_sum_identity_backward(tensor: Tensor, process_group=None) -> Tensor:
-    """Sum over ranks; backward is the identity (valid when all ranks compute the same loss)."""
-    if not _distributed(process_group):
-        return tensor
-    return _AllReduceSumIdentityBackward.apply(tensor, process_group)
 
 
 def all_reduce_flag_all(ok: bool, process_group=None, device="cpu") -> bool:

@@ -38,7 +38,7 @@ an epoch); a globally empty batch is an error.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -113,7 +113,6 @@ class ActiveRows:
     weight: Tensor
     grad: Tensor
     grad_ready: bool = False
-    extras: dict = field(default_factory=dict)
 
 
 class _ShardedMarginSoftmax(torch.autograd.Function):

@@ -410,7 +410,7 @@ class PartialFC(nn.Module):
         positives = torch.unique(local)
         if self.budget >= self.block.size:
             return torch.arange(self.block.size, device=labels_all.device)
-        gen = sampling_generator(self.seed, self.sampling_step, self.rank)
+        gen = sampling_generator(self.seed, self.sampling_step, self.rank)  # CPU draw
         return sample_active_classes(positives, self.block.size, self.budget, gen)
 
     # ------------------------------------------------------------------ forward

@@ -24,12 +24,15 @@ def sampling_budget(num_local_classes: int, sample_rate: float) -> int:
     return min(num_local_classes, math.ceil(round(sample_rate * num_local_classes, 9)))
 
 
-def sampling_generator(seed: int, step: int, rank: int) -> torch.Generator:
-    """A CPU generator whose state is a fixed function of ``(seed, step, rank)``."""
+def sampling_generator(seed: int, step: int, rank: int, device="cpu") -> torch.Generator:
+    """A generator on ``device`` whose state is a fixed function of ``(seed, step, rank)``.
+
+    Draws are reproducible per device type (CPU and CUDA generators differ).
+    """
     mixed = 0
     for part in (seed, step, rank):
         mixed = ((mixed ^ (int(part) & 0xFFFFFFFFFFFFFFFF)) * _MIX + 0x632BE5AB) % (1 << 63)
-    gen = torch.Generator(device="cpu")
+    gen = torch.Generator(device=device)
     gen.manual_seed(mixed)
     return gen
 
@@ -40,21 +43,22 @@ def sample_active_classes(
     """Sorted local class indices: all ``positives`` plus uniform negatives up to ``budget``.
 
     Args:
-        positives: unique local class indices (any order, CPU or device) that must be active.
+        positives: unique local class indices (any order) that must be active.
         num_local_classes: ``C_local``.
         budget: target size of the active set.
-        generator: CPU generator (see :func:`sampling_generator`).
+        generator: a generator on the device where the draw happens (see
+            :func:`sampling_generator`); ``positives`` is moved there.
 
     Returns:
         ``(max(budget, len(positives)),)`` long tensor, sorted, on ``positives.device``.
     """
     device = positives.device
-    positives = positives.to("cpu", torch.long)
+    positives = positives.to(generator.device, torch.long)
     num_negatives = budget - positives.numel()
     if num_negatives <= 0:
         return torch.sort(positives).values.to(device)
-    is_positive = torch.zeros(num_local_classes, dtype=torch.bool)
+    is_positive = torch.zeros(num_local_classes, dtype=torch.bool, device=generator.device)
     is_positive[positives] = True
-    perm = torch.randperm(num_local_classes, generator=generator)
+    perm = torch.randperm(num_local_classes, generator=generator, device=generator.device)
     negatives = perm[~is_positive[perm]][:num_negatives]
     return torch.sort(torch.cat([positives, negatives])).values.to(device)

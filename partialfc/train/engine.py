@@ -382,10 +382,10 @@ class Trainer:
                         result.last_checkpoint = self.save_checkpoint()
                     if end_of_epoch or self.step >= self.total_steps:
                         break
-            if result.last_checkpoint is None or not result.last_checkpoint.name.endswith(
-                f"{self.step:08d}"
-            ):
-                result.last_checkpoint = self.save_checkpoint()
+            final = self.checkpoint_dir / ckpt.checkpoint_name(self.step)
+            if result.last_checkpoint != final:
+                # the final state is always on disk (a finished run resumed again re-uses it)
+                result.last_checkpoint = final if final.is_dir() else self.save_checkpoint()
         finally:
             self.progress.close()
         result.steps = self.step

@@ -302,11 +302,15 @@ def own_class_subcenter_cosines(
 # ---------------------------------------------------------------------------- outputs
 
 
+_FILE_MODE = 0o644  # mkstemp creates 0600; outputs are ordinary readable files
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -400,6 +404,7 @@ def write_cleaned_set(dataset, keep: np.ndarray, out_dir: str | Path, clean_labe
         os.close(fd)
         try:
             np.savez(tmp, **arrays)
+            os.chmod(tmp, _FILE_MODE)
             os.replace(tmp, out_dir / "cleaned.npz")
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -193,3 +193,4 @@ def test_clean_command_writes_report_and_cleaned_set(tmp_path):
     assert (out / "angles.png").stat().st_size > 1000
     assert len((out / "kept.lst").read_text().splitlines()) == report["kept"]
     assert not list(out.glob(".embeddings*"))
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir())  # group/other-readable

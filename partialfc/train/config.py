@@ -346,6 +346,10 @@ def validate(cfg: Config) -> Config:
         ("optim.lr", cfg.optim.lr > 0),
         ("train.epochs", cfg.train.epochs > 0),
         ("train.max_nonfinite_steps", cfg.train.max_nonfinite_steps >= 1),
+        ("train.log_every", cfg.train.log_every >= 1),
+        ("train.diagnostics_every", cfg.train.diagnostics_every >= 0),
+        ("checkpoint.every_steps", cfg.checkpoint.every_steps >= 0),
+        ("eval.every_steps", cfg.eval.every_steps >= 0),
         ("schedule.warmup_epochs", 0 <= cfg.schedule.warmup_epochs < cfg.train.epochs),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1),
     ]

@@ -23,6 +23,7 @@ from partialfc.eval.protocols import (
     read_face_tid_mid,
     read_template_pairs,
 )
+from partialfc.eval.protocols.omniglot import one_shot_gallery_identification
 
 
 def pixel_embed(images):
@@ -184,10 +185,33 @@ def test_omniglot_protocols_on_bundled_data():
     (one_shot,) = OmniglotOneShot().run(pixel_embed)
     assert one_shot.cmc.n_probes == 400 and one_shot.cmc.rank(20).rate == 1.0
     assert one_shot.cmc.rank(1).rate > 3 / 20  # well above 1/20 chance
-    (pairs,) = OmniglotOpenSet(max_images=2000, fars=(1e-4, 1e-2)).run(pixel_embed)
+    pairs, ident = OmniglotOpenSet(max_images=2000, fars=(1e-4, 1e-2)).run(pixel_embed)
     assert pairs.n_genuine == 100 * 190 and pairs.n_genuine + pairs.n_impostor == 2000 * 1999 // 2
     assert [t.allowed_false_accepts for t in pairs.tar_at_far] == [198, 19800]
     assert all(t.far.k <= t.allowed_false_accepts for t in pairs.tar_at_far)
+    # identification: 50 of the 100 classes enrolled by their first drawing; the other 19
+    # drawings of each are mated probes, the 50 x 20 drawings of the rest non-mated probes
+    assert ident.n_gallery_identities == 50
+    assert ident.n_mated_probes == 50 * 19 and ident.n_nonmated_probes == 50 * 20
+
+
+def test_omniglot_one_shot_gallery_rank1_equals_brute_force():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(6), 4)
+    emb = rng.normal(size=(labels.size, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    report = one_shot_gallery_identification("toy", emb, labels)
+    gallery_idx = [0, 8, 16]  # first image of classes 0, 2, 4
+    hits = total = 0
+    for i in range(labels.size):
+        if i in gallery_idx or labels[i] % 2:
+            continue
+        best = max(gallery_idx, key=lambda g: float(emb[i] @ emb[g]))
+        hits += labels[best] == labels[i]
+        total += 1
+    assert report.n_mated_probes == total == 9
+    assert report.cmc.rank(1).rate == pytest.approx(hits / total)
+    assert report.n_nonmated_probes == 12
 
 
 def test_eval_command_with_a_stand_in_embedder(monkeypatch, tmp_path, shared_data):

@@ -2,7 +2,11 @@
 
 * ``OmniglotOpenSet``: all pairs of the 13,180 evaluation-set images (659 classes never seen
   in training): 125,210 genuine and ~8.7·10^7 impostor pairs, enough to measure FAR = 10^-6
-  with ~87 false accepts. Scored blockwise (:mod:`partialfc.eval.pair_scoring`).
+  with ~87 false accepts. Scored blockwise (:mod:`partialfc.eval.pair_scoring`). The same
+  embeddings also give an open-set identification report: every other evaluation class is
+  enrolled with its first drawing (one-shot gallery of 330 classes); the other 19 drawings of
+  enrolled classes are mated probes (closed-set CMC, rank-1), and all drawings of the 329
+  classes left out are non-mated probes (FNIR at FPIR).
 * ``OmniglotOneShot``: Lake's 20 runs of 20-way one-shot classification (400 trials); each
   test image is matched to the nearest of 20 training images. Reported as a CMC over those
   runs (rank-1 = one-shot accuracy).
@@ -15,7 +19,12 @@ import numpy as np
 from ..embedding import EmbedFn, embed_images
 from ..identification import cmc_from_ranks, mated_search
 from ..pair_scoring import score_all_pairs
-from ..reports import IdentificationReport, VerificationReport, verification_report
+from ..reports import (
+    IdentificationReport,
+    VerificationReport,
+    identification_report,
+    verification_report,
+)
 from .base import Protocol
 
 OPEN_SET_FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
@@ -35,7 +44,7 @@ class OmniglotOpenSet(Protocol):
         self.fars, self.max_images = fars, max_images
         self.name = f"omniglot_eval_open_set_{size}"
 
-    def run(self, embed_fn: EmbedFn) -> list[VerificationReport]:
+    def run(self, embed_fn: EmbedFn) -> list[VerificationReport | IdentificationReport]:
         from partialfc.data.arrays import load_omniglot
 
         data = load_omniglot("evaluation", size=self.size, root=self.root)
@@ -51,8 +60,36 @@ class OmniglotOpenSet(Protocol):
                 summary=summary,
                 fars=self.fars,
                 notes=[f"{len(emb)} images of {np.unique(labels).size} unseen classes, all pairs"],
-            )
+            ),
+            one_shot_gallery_identification(f"{self.name}_identification", emb, labels),
         ]
+
+
+def one_shot_gallery_identification(
+    name: str, embeddings: np.ndarray, labels: np.ndarray
+) -> IdentificationReport:
+    """Enroll every other class (in label order) by its first image; search all other images.
+
+    Mated probes: the remaining images of enrolled classes (closed-set CMC). Non-mated probes:
+    every image of the classes left out (open-set FNIR at FPIR).
+    """
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    enrolled = classes[::2]
+    first = np.array([np.flatnonzero(labels == c)[0] for c in enrolled])
+    probe = np.ones(labels.size, dtype=bool)
+    probe[first] = False
+    return identification_report(
+        name,
+        embeddings[first],
+        labels[first],
+        embeddings[probe],
+        labels[probe],
+        notes=[
+            f"gallery: first image of {enrolled.size} of {classes.size} unseen classes; "
+            f"non-mated probes: all images of the other {classes.size - enrolled.size}"
+        ],
+    )
 
 
 class OmniglotOneShot(Protocol):

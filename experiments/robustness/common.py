@@ -195,8 +195,10 @@ def evaluate(embed_fn, tiny: bool) -> dict:
     for name, entry in summary.items():
         if "one_shot" in name:
             out["one_shot_acc"] = entry["rank1"]
-        else:
+        elif "auc" in entry:  # the pair (verification) report
             out.update(entry)
+        elif "rank1" in entry:  # identification against a one-image-per-class gallery
+            out["open_set_rank1"] = entry["rank1"]
     return out
 
 

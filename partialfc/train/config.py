@@ -53,6 +53,10 @@ class DataConfig:
     batch_size: int = 128  # per rank
     num_workers: int = 2
     drop_last: bool = True
+    # P×K batches (P identities × K images each; needed by a triplet loss); 0 = uniform batches.
+    # With P×K batches, batch_size must equal pk_identities · pk_images.
+    pk_identities: int = 0
+    pk_images: int = 0
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
 
@@ -82,6 +86,21 @@ class HeadConfig:
     storage_dtype: str = "float32"
     storage_device: str = "compute"  # "compute" or "cpu"
     margin: MarginConfig = field(default_factory=MarginConfig)
+
+
+@dataclass
+class LossConfig:
+    """``L = classifier_weight · L_PartialFC + triplet_weight · L_triplet`` (weights ≥ 0).
+
+    ``classifier_weight=0`` trains with the triplet loss alone (the head is neither run nor
+    stepped). The triplet loss (seed 001) works on L2-normalised embeddings with a margin in
+    squared-distance units and needs P×K batches (``data.pk_identities``, ``data.pk_images``).
+    """
+
+    classifier_weight: float = 1.0
+    triplet_weight: float = 0.0  # 0 = off
+    triplet_margin: float = 0.2
+    triplet_mining: str = "semihard"  # "semihard" | "batch_hard" | "all"
 
 
 @dataclass
@@ -156,6 +175,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -327,6 +347,7 @@ _CHOICES = {
     "data.source": ("omniglot", "recordio", "folder", "npz"),
     "head.storage_dtype": ("float32", "bfloat16", "float16"),
     "head.storage_device": ("compute", "cpu"),
+    "loss.triplet_mining": ("semihard", "batch_hard", "all"),
 }
 
 
@@ -352,6 +373,11 @@ def validate(cfg: Config) -> Config:
         ("eval.every_steps", cfg.eval.every_steps >= 0),
         ("schedule.warmup_epochs", 0 <= cfg.schedule.warmup_epochs < cfg.train.epochs),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1),
+        ("loss.classifier_weight", cfg.loss.classifier_weight >= 0),
+        ("loss.triplet_weight", cfg.loss.triplet_weight >= 0),
+        ("loss.triplet_margin", cfg.loss.triplet_margin >= 0),
+        ("data.pk_identities", cfg.data.pk_identities >= 0),
+        ("data.pk_images", cfg.data.pk_images >= 0),
     ]
     for name, ok in checks:
         if not ok:
@@ -365,7 +391,35 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{name}={value!r} is out of range{extra}")
     if cfg.data.source != "omniglot" and not cfg.data.path:
         raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
+    _validate_loss_and_batches(cfg)
     return cfg
+
+
+def _validate_loss_and_batches(cfg: Config) -> None:
+    """The loss weights and the P×K batch shape must fit together."""
+    loss, data = cfg.loss, cfg.data
+    if loss.classifier_weight == 0 and loss.triplet_weight == 0:
+        raise ConfigError(
+            "loss.classifier_weight=0 and loss.triplet_weight=0: nothing to train; "
+            "set one of them > 0"
+        )
+    uses_pk = data.pk_identities > 0 or data.pk_images > 0
+    if uses_pk:
+        if data.pk_identities < 2 or data.pk_images < 2:
+            raise ConfigError(
+                f"data.pk_identities={data.pk_identities}, data.pk_images={data.pk_images}: "
+                "P×K batches need at least 2 identities with at least 2 images each"
+            )
+        if data.batch_size != data.pk_identities * data.pk_images:
+            raise ConfigError(
+                f"data.batch_size={data.batch_size} must equal data.pk_identities × "
+                f"data.pk_images = {data.pk_identities * data.pk_images}"
+            )
+    if loss.triplet_weight > 0 and not uses_pk:
+        raise ConfigError(
+            f"loss.triplet_weight={loss.triplet_weight} needs P×K batches (positives in every "
+            "batch): set data.pk_identities and data.pk_images (≥ 2 each)"
+        )
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

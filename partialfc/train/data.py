@@ -117,3 +117,69 @@ def build_augmentation(cfg: AugmentConfig, input_size: int):
     if not steps:
         return None
     return steps[0] if len(steps) == 1 else T.Compose(steps)
+
+
+class ResumablePKBatchSampler:
+    """P×K batches (``partialfc.data.pk_sampler.PKSampler``) split over ranks, resumable.
+
+    Each epoch draws ``num_replicas · batches_per_rank`` batches from one seeded P×K stream
+    (seed ``seed + epoch``); rank ``r`` takes batches ``r, r + R, ...``. The position is the
+    number of samples consumed by all ranks in this epoch, as for
+    ``ResumableDistributedSampler`` (``advance`` / ``state_dict`` / ``load_state_dict``);
+    ``len()`` is this rank's batches per epoch, :attr:`num_samples` its samples. Use it as a
+    DataLoader ``batch_sampler``.
+    """
+
+    def __init__(
+        self,
+        labels,
+        identities_per_batch: int,
+        samples_per_identity: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+    ):
+        from partialfc.data.pk_sampler import PKSampler
+
+        self.batch_size = identities_per_batch * samples_per_identity
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        self.batches_per_rank = len(labels) // (self.batch_size * self.num_replicas)
+        if self.batches_per_rank < 1:
+            raise ValueError(
+                f"{len(labels)} training samples cannot fill one P×K batch of "
+                f"{self.batch_size} on each of {self.num_replicas} ranks"
+            )
+        self.stream = PKSampler(
+            labels,
+            identities_per_batch,
+            samples_per_identity,
+            num_batches=self.batches_per_rank * self.num_replicas,
+            seed=seed,
+        )
+        self.epoch = 0
+        self.consumed_samples = 0
+
+    def __len__(self) -> int:
+        return self.batches_per_rank
+
+    @property
+    def num_samples(self) -> int:
+        return self.batches_per_rank * self.batch_size
+
+    def __iter__(self):
+        self.stream.set_epoch(self.epoch)
+        skip_rounds = self.consumed_samples // (self.batch_size * self.num_replicas)
+        for i, batch in enumerate(self.stream):
+            if i // self.num_replicas >= skip_rounds and i % self.num_replicas == self.rank:
+                yield batch
+
+    def advance(self, num_samples: int) -> None:
+        self.consumed_samples += int(num_samples)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed_samples": self.consumed_samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.consumed_samples = int(state["consumed_samples"])

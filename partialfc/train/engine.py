@@ -5,8 +5,14 @@ One step on every rank::
     x  = (uint8 batch / 255 − 0.5) / 0.5
     e  = backbone(x)                      # DDP replica; autocast bf16 (CPU) / fp16 (GPU)
     e  = scale_gradient(e.float(), loss_scale)
-    L  = PartialFC(e, labels)             # fp32 margin math; mean over the global batch
+    L  = w_cls · PartialFC(e, labels)     # fp32 margin math; mean over the global batch
+       + Σ term(StepContext(x, e, labels, head, step)).loss   # extra terms (triplet, distill)
     L.backward(); clip(backbone); step backbone and head optimizers
+
+Extra loss terms (:mod:`partialfc.train.extra_losses`) come from the ``loss`` config section
+(triplet) and from the ``extra_losses`` argument (e.g. distillation); their diagnostics are
+logged as window means under ``terms`` in the ``train`` records of ``metrics.jsonl``. With
+``loss.classifier_weight = 0`` the head is neither run nor stepped.
 
 Gradient scale across ranks: Partial FC returns each rank the full gradient of the global-mean
 loss for its own rows, so the backbone update must be the *sum* of the ranks' gradients while
@@ -51,6 +57,7 @@ from partialfc.train.distributed import (
     scale_gradient,
     setup_distributed,
 )
+from partialfc.train.extra_losses import ExtraLoss, StepContext, TripletTerm
 from partialfc.train.lr_schedule import WarmupLR
 from partialfc.train.metrics_log import MetricsLog, Progress
 
@@ -88,11 +95,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _window_means(window: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    return {
+        name: {key: float(np.mean(values)) for key, values in stats.items()}
+        for name, stats in window.items()
+    }
+
+
 class Trainer:
     """Builds everything from a :class:`Config` and runs :meth:`fit`.
 
     ``backbone`` + ``model_config`` and ``train_set`` may be given to bypass the builders (tests,
-    custom models); the checkpoint then records ``model_config`` as given.
+    custom models); the checkpoint then records ``model_config`` as given. ``extra_losses`` are
+    added to the terms the ``loss`` config section asks for (see
+    :mod:`partialfc.train.extra_losses`).
     """
 
     def __init__(
@@ -105,6 +121,7 @@ class Trainer:
         model_config: dict | None = None,
         train_set=None,
         evaluator=None,
+        extra_losses: list[ExtraLoss] | tuple = (),
     ):
         self.cfg = cfg
         self.ctx = ctx or setup_distributed(cfg.train.device)
@@ -127,7 +144,7 @@ class Trainer:
         num_classes = cfg.head.num_classes or int(base_set.num_classes)
         self.num_classes = num_classes
         self.sampler = self._build_sampler()
-        per_rank = len(self.sampler)
+        per_rank = getattr(self.sampler, "num_samples", None) or len(self.sampler)
         bs = cfg.data.batch_size
         self.steps_per_epoch = per_rank // bs if cfg.data.drop_last else math.ceil(per_rank / bs)
         if self.steps_per_epoch < 1:
@@ -172,6 +189,19 @@ class Trainer:
             "cuda", enabled=self.autocast_dtype == torch.float16 and device.type == "cuda"
         )
         self.evaluator = evaluator
+        self.classifier_weight = cfg.loss.classifier_weight
+        self.extra_losses = list(extra_losses)
+        if cfg.loss.triplet_weight > 0:
+            self.extra_losses.insert(
+                0,
+                TripletTerm(
+                    cfg.loss.triplet_weight, cfg.loss.triplet_margin, cfg.loss.triplet_mining
+                ),
+            )
+        names = [term.name for term in self.extra_losses]
+        if len(set(names)) != len(names) or "classifier" in names:
+            raise ValueError(f"extra loss names must be unique and not 'classifier': {names}")
+        self.last_terms: dict[str, dict[str, float]] = {}
 
         # ---- progress
         self.step = 0  # optimizer steps taken (including skipped non-finite ones)
@@ -203,9 +233,26 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
 
+    @property
+    def uses_head(self) -> bool:
+        """False for a run without the classifier (``loss.classifier_weight = 0``)."""
+        return self.classifier_weight > 0
+
     def _build_sampler(self):
         from partialfc.data.sampler import ResumableDistributedSampler
 
+        data = self.cfg.data
+        if data.pk_identities:
+            from partialfc.train.data import ResumablePKBatchSampler
+
+            return ResumablePKBatchSampler(
+                self.train_set.labels,
+                data.pk_identities,
+                data.pk_images,
+                num_replicas=self.ctx.world_size,
+                rank=self.ctx.rank,
+                seed=self.cfg.train.seed,
+            )
         return ResumableDistributedSampler(
             len(self.train_set),
             num_replicas=self.ctx.world_size,
@@ -226,12 +273,15 @@ class Trainer:
         self.sampler.load_state_dict(
             {"epoch": self.epoch, "consumed_samples": self.batches_in_epoch * self.global_batch}
         )
+        if cfg.pk_identities:
+            batching = {"batch_sampler": self.sampler}
+        else:
+            batching = {"batch_size": cfg.batch_size, "sampler": self.sampler}
         return torch.utils.data.DataLoader(
             self.train_set,
-            batch_size=cfg.batch_size,
-            sampler=self.sampler,
+            **batching,
             num_workers=cfg.num_workers,
-            drop_last=cfg.drop_last,
+            drop_last=cfg.drop_last if not cfg.pk_identities else False,
             pin_memory=self.ctx.device.type == "cuda",
             prefetch_factor=4 if cfg.num_workers > 0 else None,
         )
@@ -266,12 +316,12 @@ class Trainer:
             embeddings = scale_gradient(
                 embeddings, self.scaler.scale(torch.ones((), device=device))
             )
-        loss = self.head(embeddings, labels)
+        loss = self._total_loss(StepContext(x, embeddings, labels, self.head, self.step))
         if not all_true(bool(torch.isfinite(loss.detach()).item()), self.ctx):
             self._skip_step(indices)
             return None
         loss.backward()
-        if diagnostics:
+        if diagnostics and self.uses_head:
             self.last_diagnostics = training_diagnostics(
                 embeddings.detach(), labels, self.head, seed=self.cfg.train.seed + self.step
             )
@@ -287,7 +337,9 @@ class Trainer:
             self.scaler.update()
         elif grads_finite:
             self.optimizer.step()
-        if grads_finite:
+        if not self.uses_head:
+            pass
+        elif grads_finite:
             self.head_optimizer.step()
         else:  # drop the head's recorded rows: this step does not happen for the centers either
             self.head.consume_active_rows()
@@ -295,6 +347,22 @@ class Trainer:
         self.head_optimizer.zero_grad()
         self._last_grad_norm = float(grad_norm)
         return float(loss.detach())
+
+    def _total_loss(self, ctx: StepContext) -> torch.Tensor:
+        """``w_cls · head(e, y) + Σ term.loss``; per-term values go to :attr:`last_terms`."""
+        self.last_terms = {}
+        total = None
+        if self.uses_head:
+            total = self.head(ctx.embeddings, ctx.labels)
+            if self.extra_losses:
+                self.last_terms["classifier"] = {"loss": float(total.detach())}
+            if self.classifier_weight != 1.0:
+                total = self.classifier_weight * total
+        for term in self.extra_losses:
+            out = term(ctx)
+            self.last_terms[term.name] = dict(out.diagnostics)
+            total = out.loss if total is None else total + out.loss
+        return total
 
     def _skip_step(self, indices) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -333,6 +401,7 @@ class Trainer:
         result = TrainResult(self.run_dir, self.step, self.step / self.steps_per_epoch)
         global_batch = self.global_batch
         window_t, window_steps, window_loss = time.perf_counter(), 0, []
+        window_terms: dict[str, dict[str, list[float]]] = {}
         try:
             while self.step < self.total_steps:
                 for images, labels, indices in self._loader():
@@ -346,6 +415,9 @@ class Trainer:
                     if loss is not None:
                         self.consecutive_nonfinite = 0
                         window_loss.append(loss)
+                        for name, values in self.last_terms.items():
+                            for key, value in values.items():
+                                window_terms.setdefault(name, {}).setdefault(key, []).append(value)
                     window_steps += 1
                     lr = self.optimizer.param_groups[0]["lr"]
                     elapsed = time.perf_counter() - window_t
@@ -365,9 +437,11 @@ class Trainer:
                             samples_per_s=window_steps * global_batch / max(elapsed, 1e-9),
                             grad_norm=getattr(self, "_last_grad_norm", float("nan")),
                             margin=self._margin_state(),
+                            **({"terms": _window_means(window_terms)} if window_terms else {}),
                         )
                         window_t, window_steps, window_loss = time.perf_counter(), 0, []
-                    if want_diag and loss is not None:
+                        window_terms = {}
+                    if want_diag and loss is not None and self.uses_head:
                         self.log.write("diagnostics", self.step, **self.last_diagnostics)
                     if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
                         self.evaluate(final=False)

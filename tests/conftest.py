@@ -15,9 +15,16 @@ BUNDLED_OMNIGLOT = REPO / "partialfc" / "data" / "bundled" / "omniglot"
 
 @pytest.fixture(autouse=True)
 def _deterministic_torch():
+    """Seeded, single-threaded torch for every test.
+
+    Test tensors are small: one intra-op thread avoids OpenMP hand-off costs, which dominate
+    (and vary wildly) when the cores are shared with other work.
+    """
     torch.manual_seed(0)
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

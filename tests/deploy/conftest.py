@@ -65,12 +65,3 @@ def exported(checkpoint, tmp_path_factory):
     with contextlib.redirect_stdout(stdout):
         assert main(["export", str(checkpoint), str(out)]) == 0
     return json.loads(stdout.getvalue()), out
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small batches: one thread avoids oversubscription on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -23,15 +23,6 @@ NUM_CLASSES = 10
 SHORT = InversionConfig(steps=200, lr=0.25)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one thread avoids oversubscription on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def trained():
     """A compact IResNet trained for 60 ArcFace steps on 10 Omniglot classes (~seconds)."""

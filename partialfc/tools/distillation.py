@@ -16,7 +16,6 @@ default, the ``T²`` keeps gradient magnitudes independent of it).
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +25,51 @@ from torch import Tensor, nn
 def _at_least_fp32(x: Tensor) -> Tensor:
     """fp16/bf16 → fp32 (the loss math runs in fp32); fp32/fp64 unchanged."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _teacher_cosines(teacher: Tensor, unit_centers: Tensor, num_subcenters: int = 1) -> Tensor:
+    from partialfc.losses.subcenter import max_over_subcenters
+
+    t_hat = F.normalize(_at_least_fp32(teacher.detach()), dim=1)
+    cos = t_hat @ unit_centers.to(t_hat.dtype).T
+    return max_over_subcenters(cos, num_subcenters)[0] if num_subcenters > 1 else cos
+
+
+def _check_same_size(student: Tensor, teacher: Tensor) -> None:
+    if student.shape != teacher.shape:
+        raise ValueError(
+            f"student embeddings {tuple(student.shape)} and teacher embeddings "
+            f"{tuple(teacher.shape)} differ; feature regression needs the same size"
+        )
+
+
+def feature_and_kl(
+    student: Tensor,
+    teacher: Tensor,
+    student_cos: Tensor,
+    teacher_cos: Tensor,
+    scale: float,
+    temperature: float = 1.0,
+) -> dict[str, Tensor]:
+    """``{"feature": mean ‖ŝ − t̂‖², "kl": mean KL(p_t ‖ p_s)}`` (unweighted, fp32).
+
+    ``student_cos`` / ``teacher_cos`` are ``(B, C)`` class cosines of the two models over the
+    same classes; ``p = softmax(scale · cos / T)``. Only ``student`` and ``student_cos`` carry
+    gradient.
+    """
+    _check_same_size(student, teacher)
+    if student_cos.shape != teacher_cos.shape:
+        raise ValueError(
+            f"student head has {student_cos.shape[1]} classes, teacher "
+            f"{teacher_cos.shape[1]}: the KL term needs the same classes"
+        )
+    t_hat = F.normalize(_at_least_fp32(teacher.detach()), dim=1)
+    s_hat = F.normalize(_at_least_fp32(student), dim=1)
+    feature = (s_hat - t_hat).square().sum(1).mean()
+    log_p_s = F.log_softmax(scale * _at_least_fp32(student_cos) / temperature, dim=1)
+    log_p_t = F.log_softmax(scale * teacher_cos.detach().float() / temperature, dim=1)
+    kl = F.kl_div(log_p_s, log_p_t.to(log_p_s.dtype), log_target=True, reduction="batchmean")
+    return {"feature": feature, "kl": kl}
 
 
 class DistillationLoss(nn.Module):
@@ -62,27 +106,15 @@ class DistillationLoss(nn.Module):
 
     def terms(self, student: Tensor, teacher: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """The three unweighted terms: ``{"head", "feature", "kl"}``."""
-        if student.shape != teacher.shape:
-            raise ValueError(
-                f"student embeddings {tuple(student.shape)} and teacher embeddings "
-                f"{tuple(teacher.shape)} differ; feature regression needs the same size"
-            )
-        teacher = _at_least_fp32(teacher.detach())
-        t_hat = F.normalize(teacher, dim=1)
+        _check_same_size(student, teacher)
         student = _at_least_fp32(student)
-        s_hat = F.normalize(student, dim=1)
-        feature = (s_hat - t_hat).square().sum(1).mean()
         student_cos, _ = self.head.cosines(student)
-        teacher_cos = t_hat @ self.teacher_centers.to(t_hat.dtype).T
-        if student_cos.shape != teacher_cos.shape:
-            raise ValueError(
-                f"student head has {student_cos.shape[1]} classes, teacher "
-                f"{teacher_cos.shape[1]}: the KL term needs the same classes"
-            )
-        log_p_s = F.log_softmax(self.scale * student_cos / self.temperature, dim=1)
-        log_p_t = F.log_softmax(self.scale * teacher_cos / self.temperature, dim=1)
-        kl = F.kl_div(log_p_s, log_p_t, log_target=True, reduction="batchmean")
-        return {"head": self.head(student, labels), "feature": feature, "kl": kl}
+        teacher_cos = _teacher_cosines(teacher, self.teacher_centers)
+        out = feature_and_kl(
+            student, teacher, student_cos, teacher_cos, self.scale, self.temperature
+        )
+        out["head"] = self.head(student, labels)
+        return out
 
     def forward(self, student: Tensor, teacher: Tensor, labels: Tensor) -> Tensor:
         t = self.terms(student, teacher, labels)
@@ -93,20 +125,152 @@ class DistillationLoss(nn.Module):
         )
 
 
+# ---------------------------------------------------------------------- in the Trainer
+class DistillationTerm:
+    """Trainer extra loss: ``feature_weight · ‖ŝ − t̂‖² + kl_weight · T² · KL(p_t ‖ p_s)``.
+
+    The ArcFace part of the objective is the Trainer's own Partial FC head; this term adds the
+    feature regression to the frozen teacher and the KL between the teacher's softmax over its
+    centers and the student's softmax over the student head's current centers (a detached
+    copy: the KL moves the student's embeddings, the ArcFace loss moves its centers), both at
+    the student margin's ``scale`` and without margin. Both heads must cover the same classes.
+
+    Args:
+        teacher: frozen teacher backbone (put in eval mode, no gradient), same input as the
+            student.
+        teacher_centers: ``(C · K_t, d)`` teacher center table (class-major sub-centers).
+        teacher_subcenters: ``K_t``; default 1.
+        feature_weight / kl_weight / temperature: defaults 1.0 / 0.1 / 1.0 (seed 003).
+    """
+
+    name = "distill"
+
+    def __init__(
+        self,
+        teacher: nn.Module,
+        teacher_centers: Tensor,
+        teacher_subcenters: int = 1,
+        feature_weight: float = 1.0,
+        kl_weight: float = 0.1,
+        temperature: float = 1.0,
+    ):
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.teacher_centers = F.normalize(teacher_centers.detach().float(), dim=1)
+        self.teacher_subcenters = int(teacher_subcenters)
+        self.feature_weight = float(feature_weight)
+        self.kl_weight = float(kl_weight)
+        self.temperature = float(temperature)
+
+    def __call__(self, ctx):
+        from partialfc.classifier.checkpoint import gather_full_centers
+        from partialfc.losses.subcenter import max_over_subcenters
+        from partialfc.train.extra_losses import LossTerm
+
+        head = ctx.head
+        with torch.no_grad():
+            device = ctx.images.device
+            teacher = self.teacher.to(device)(ctx.images).float()
+            student_centers = F.normalize(gather_full_centers(head).to(device), dim=1)
+        self.teacher_centers = self.teacher_centers.to(device)
+        student_cos = F.normalize(ctx.embeddings, dim=1) @ student_centers.T
+        if head.num_subcenters > 1:
+            student_cos = max_over_subcenters(student_cos, head.num_subcenters)[0]
+        teacher_cos = _teacher_cosines(teacher, self.teacher_centers, self.teacher_subcenters)
+        t = feature_and_kl(
+            ctx.embeddings, teacher, student_cos, teacher_cos, head.margin.scale, self.temperature
+        )
+        loss = self.feature_weight * t["feature"] + self.kl_weight * self.temperature**2 * t["kl"]
+        return LossTerm(
+            loss,
+            {
+                "feature": float(t["feature"].detach()),
+                "kl": float(t["kl"].detach()),
+                "loss": float(loss.detach()),
+            },
+        )
+
+
+def load_teacher(spec: str, device="cpu") -> tuple[nn.Module, Tensor, int, dict]:
+    """A training run folder or checkpoint → ``(backbone, centers, num_subcenters, meta)``.
+
+    ``centers`` is the full ``(C · K, d)`` float32 center table of its Partial FC head.
+    """
+    import json
+    from pathlib import Path
+
+    from partialfc.classifier import load_partial_fc_checkpoint
+    from partialfc.classifier.checkpoint import gather_full_centers
+    from partialfc.train.builders import build_head
+    from partialfc.train.checkpoint import load_backbone_from_checkpoint, resolve_checkpoint
+    from partialfc.train.config import config_from_dict
+
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"teacher {spec!r}: no such run folder or checkpoint")
+    path = resolve_checkpoint(spec, path)
+    meta = json.loads((path / "meta.json").read_text())
+    cfg = config_from_dict(meta["config"], f"{path}/meta.json")
+    backbone, model_config = load_backbone_from_checkpoint(path)
+    head, _ = build_head(
+        cfg.head, cfg.model.embedding_dim, int(meta["num_classes"]), 0, torch.device(device)
+    )
+    load_partial_fc_checkpoint(path / "head", head)
+    centers = gather_full_centers(head)
+    info = {"checkpoint": str(path), "model": model_config, "num_classes": meta["num_classes"]}
+    return backbone.to(device), centers, head.num_subcenters, info
+
+
 # ---------------------------------------------------------------------- command
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    parser.add_argument("teacher", help="teacher checkpoint")
-    parser.add_argument("--config", help="student training config (YAML)")
+    from partialfc.train.command import add_arguments as add_train_arguments
+
+    parser.add_argument(
+        "--teacher", required=True, help="teacher run folder (newest checkpoint) or checkpoint"
+    )
+    parser.add_argument("--feature-weight", type=float, default=1.0, help="default 1.0")
+    parser.add_argument("--kl-weight", type=float, default=0.1, help="default 0.1")
+    parser.add_argument("--temperature", type=float, default=1.0, help="default 1.0")
+    add_train_arguments(parser, command)
 
 
 def run(args: argparse.Namespace) -> int:
-    print(
-        "partialfc distill: training with a teacher is not available from the command line: "
-        "the training engine has no hook for an extra loss term yet. Use "
-        "partialfc.tools.distillation.DistillationLoss in your own loop.",
-        file=sys.stderr,
-    )
-    return 2
+    """Train the student of ``--config`` with the Trainer plus a :class:`DistillationTerm`."""
+    from partialfc.train.command import train_and_report
+
+    def make_extra_losses(cfg, device):
+        teacher, centers, subcenters, info = load_teacher(args.teacher, device)
+        teacher_input = info["model"]["kwargs"].get("input_size")
+        if teacher_input is not None and teacher_input != cfg.data.input_size:
+            raise ValueError(
+                f"teacher {info['checkpoint']} takes {teacher_input}×{teacher_input} inputs, "
+                f"the student config data.input_size={cfg.data.input_size}"
+            )
+        if cfg.model.embedding_dim != centers.shape[1]:
+            raise ValueError(
+                f"teacher {info['checkpoint']} embeds in {centers.shape[1]} dimensions, the "
+                f"student model.embedding_dim={cfg.model.embedding_dim}: feature regression "
+                "needs the same size"
+            )
+        if cfg.head.num_classes and cfg.head.num_classes != info["num_classes"]:
+            raise ValueError(
+                f"teacher {info['checkpoint']} has {info['num_classes']} classes, the student "
+                f"head.num_classes={cfg.head.num_classes}: the KL term needs the same classes"
+            )
+        term = DistillationTerm(
+            teacher, centers, subcenters, args.feature_weight, args.kl_weight, args.temperature
+        )
+        return [term]
+
+    return train_and_report(args, prog="partialfc distill", make_extra_losses=make_extra_losses)
 
 
-__all__ = ["DistillationLoss", "add_arguments", "run"]
+__all__ = [
+    "DistillationLoss",
+    "DistillationTerm",
+    "add_arguments",
+    "feature_and_kl",
+    "load_teacher",
+    "run",
+]

@@ -65,6 +65,14 @@ def _print_headline(summary: dict, elapsed_s: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    return train_and_report(args, prog="partialfc train")
+
+
+def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None) -> int:
+    """Load the config from ``args``, train, evaluate and print the headline.
+
+    ``make_extra_losses(cfg, device) -> list`` supplies extra loss terms (``partialfc distill``).
+    """
     import yaml
 
     from partialfc.train.config import ConfigError, config_to_dict, load_config
@@ -75,12 +83,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides)
     except (ConfigError, FileNotFoundError) as err:
-        print(f"partialfc train: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 2
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
 
+    from partialfc.train.distributed import setup_distributed
     from partialfc.train.engine import NonFiniteLossError, Trainer
     from partialfc.train.evaluation import Evaluator
 
@@ -91,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
             cfg.eval.protocols, cfg.data.input_size, cfg.eval.flip_test, cfg.eval.batch_size
         )
     try:
-        trainer = Trainer(cfg, evaluator=evaluator)
+        ctx = setup_distributed(cfg.train.device)
+        extra = make_extra_losses(cfg, ctx.device) if make_extra_losses is not None else ()
+        trainer = Trainer(cfg, ctx=ctx, evaluator=evaluator, extra_losses=extra)
         result = trainer.fit()
     except (ConfigError, NonFiniteLossError, ValueError, FileNotFoundError) as err:
-        print(f"partialfc train: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 1
     if trainer.ctx.is_main:
         print(

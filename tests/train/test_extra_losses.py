@@ -98,7 +98,7 @@ def test_a_custom_term_adds_to_the_loss_and_is_logged(tmp_path):
     result = trainer.fit()
     train = _records(tmp_path / "run")
     assert len(train) == result.steps == 4
-    for record, loss in zip(train, result.losses):
+    for record, loss in zip(train, result.losses, strict=True):
         terms = record["terms"]
         assert loss == pytest.approx(terms["classifier"]["loss"] + terms["norm"]["value"])
         assert -1.0 <= terms["norm"]["pixels"] <= 1.0  # normalised images reach the term
@@ -113,7 +113,8 @@ def test_pk_batches_cover_p_identities_and_resume_mid_epoch():
         ids, counts = np.unique(labels[batch], return_counts=True)
         assert len(ids) == 3 and (counts == 2).all()
     other = list(ResumablePKBatchSampler(labels, 3, 2, num_replicas=2, rank=0, seed=4))
-    assert all(a != b for a, b in zip(batches, other))  # the ranks draw different batches
+    # the ranks draw different batches
+    assert all(a != b for a, b in zip(batches, other, strict=True))
     resumed = ResumablePKBatchSampler(labels, 3, 2, num_replicas=2, rank=1, seed=4)
     resumed.load_state_dict({"epoch": 0, "consumed_samples": 2 * 2 * 6})
     assert list(resumed) == batches[2:]

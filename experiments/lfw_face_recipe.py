@@ -72,6 +72,9 @@ class RecipeConfig:
     flip_test: bool = True  # embedding = normalise(f(x) + f(mirror(x)))
     margin_warmup_epochs: float = 0.0  # zero margin for this long
     margin_ramp_epochs: float = 0.0  # then linear ramp to the configured margin
+    # leave out training people with fewer grey images: a person seen once per epoch gets its
+    # class center updated once per epoch (1 = keep everyone)
+    min_images_per_person: int = 1
     max_train_images: int = 0  # keep only the first N training images (0 = all; tests)
     export: bool = False  # export the trained backbone (ONNX + safetensors + spec)
 
@@ -187,6 +190,11 @@ def build_split(recipe: RecipeConfig) -> LfwSplit:
         names += part_names
         offset += len(part_names)
     train_images, train_labels = np.concatenate(images), np.concatenate(labels)
+    if recipe.min_images_per_person > 1:
+        counts = np.bincount(train_labels, minlength=len(names))
+        keep = counts[train_labels] >= recipe.min_images_per_person
+        used, train_labels = np.unique(train_labels[keep], return_inverse=True)
+        train_images, names = train_images[keep], [names[i] for i in used]
     if recipe.max_train_images:
         train_images = train_images[: recipe.max_train_images]
         used, train_labels = np.unique(train_labels[: recipe.max_train_images], return_inverse=True)

@@ -34,7 +34,7 @@ def _val_recipe(shared_data: Path, *overrides: str):
 
 
 def test_validation_split_is_person_disjoint(shared_data):
-    recipe, _ = _val_recipe(shared_data)
+    recipe, _ = _val_recipe(shared_data, "recipe.min_images_per_person=1")
     split = recipe_mod.build_split(recipe)
     train, val = set(split.train_identities), set(split.val_identities)
     pair_people = set(split.pairs.name1) | set(split.pairs.name2)
@@ -49,6 +49,16 @@ def test_validation_split_is_person_disjoint(shared_data):
     assert len(split.pairs) == 1200 and set(np.unique(split.pairs.fold)) == {4, 5}
     # labels are contiguous and name the right people
     assert split.train_labels.min() == 0 and split.train_labels.max() == split.num_classes - 1
+    assert split.train_identities[split.train_labels[0]] == "Aaron_Sorkin"  # first fold 1-3 person
+
+
+def test_preset_keeps_people_with_several_images(shared_data):
+    recipe, _ = _val_recipe(shared_data)
+    assert recipe.min_images_per_person == 2
+    split = recipe_mod.build_split(recipe)
+    counts = np.bincount(split.train_labels)
+    assert counts.min() == 2 and split.num_classes == 164 + 140 + 146 + 48
+    assert len(split.train_images) == 871 + 902 + 663 + int(counts[-48:].sum())
 
 
 def test_overlapping_split_is_refused(shared_data):

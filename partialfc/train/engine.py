@@ -273,15 +273,15 @@ class Trainer:
         self.sampler.load_state_dict(
             {"epoch": self.epoch, "consumed_samples": self.batches_in_epoch * self.global_batch}
         )
-        if cfg.pk_identities:
+        if cfg.pk_identities:  # the P×K sampler yields whole batches
             batching = {"batch_sampler": self.sampler}
         else:
             batching = {"batch_size": cfg.batch_size, "sampler": self.sampler}
+            batching["drop_last"] = cfg.drop_last
         return torch.utils.data.DataLoader(
             self.train_set,
             **batching,
             num_workers=cfg.num_workers,
-            drop_last=cfg.drop_last if not cfg.pk_identities else False,
             pin_memory=self.ctx.device.type == "cuda",
             prefetch_factor=4 if cfg.num_workers > 0 else None,
         )
@@ -337,11 +337,9 @@ class Trainer:
             self.scaler.update()
         elif grads_finite:
             self.optimizer.step()
-        if not self.uses_head:
-            pass
-        elif grads_finite:
+        if self.uses_head and grads_finite:
             self.head_optimizer.step()
-        else:  # drop the head's recorded rows: this step does not happen for the centers either
+        elif self.uses_head:  # drop the recorded rows: the step does not happen for the centers
             self.head.consume_active_rows()
         self.optimizer.zero_grad(set_to_none=True)
         self.head_optimizer.zero_grad()

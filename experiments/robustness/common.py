@@ -146,7 +146,7 @@ class TrainingSet:
 
 
 def build_training_set(corruption: dict | None, seed: int, tiny: bool) -> TrainingSet:
-    """Omniglot background (all 964 classes, or the first 40 when ``tiny``), corrupted."""
+    """Omniglot background (all 964 classes, or the first 20 when ``tiny``), corrupted."""
     from partialfc.data.arrays import load_omniglot
     from partialfc.data.corruption import flip_labels, long_tail, split_identities
 
@@ -479,15 +479,17 @@ def markdown_table(rows: list[dict]) -> str:
 # ---------------------------------------------------------------------------- command line
 
 
-def experiment_main(experiment: str, make_specs, argv=None, description: str = "") -> int:
-    """Shared command line of the drivers: build the specs, run them, print the table."""
+def experiment_main(experiment: str, per_seed, doc: str, argv=None) -> int:
+    """The command line of every driver: ``per_seed(seed) -> [spec, ...]`` for ``--seeds`` seeds
+    (seed-major), run them, print the table. ``doc`` is the driver's module docstring (its
+    first line is the ``--help`` description)."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2, help="seeds per row (default 2)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (processes)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--tiny", action="store_true", help="CI size: 40 classes, 1 epoch")
+    parser.add_argument("--tiny", action="store_true", help="CI size: 20 classes, half an epoch")
     parser.add_argument("--deadline-s", type=float, default=None, help="start no run after")
     parser.add_argument("--rows", default=None, help="only the rows whose name contains this text")
     parser.add_argument(
@@ -497,7 +499,7 @@ def experiment_main(experiment: str, make_specs, argv=None, description: str = "
     )
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS_DIR / f"{experiment}.jsonl"
-    runs = make_specs(args.seeds)
+    runs = seed_major(per_seed, args.seeds)
     if args.rows:
         runs = [r for r in runs if args.rows in r["name"]]
         if not runs:

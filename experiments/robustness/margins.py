@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.robustness.common import experiment_main, seed_major, spec
+from experiments.robustness.common import experiment_main, spec
 
 EXPERIMENT = "margins"
 
@@ -38,12 +38,8 @@ def per_seed(seed: int) -> list[dict]:
             for name, overrides, method in ROWS]  # fmt: skip
 
 
-def specs(seeds: int) -> list[dict]:
-    return seed_major(per_seed, seeds)
-
-
 def main(argv=None) -> int:
-    return experiment_main(EXPERIMENT, specs, argv, __doc__.splitlines()[0])
+    return experiment_main(EXPERIMENT, per_seed, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.robustness.common import experiment_main, seed_major, spec
+from experiments.robustness.common import experiment_main, spec
 
 EXPERIMENT = "sampling_rate"
 RATES = (1.0, 0.4, 0.3, 0.2, 0.1, 0.02)
@@ -28,12 +28,8 @@ def per_seed(seed: int) -> list[dict]:
     return [spec(EXPERIMENT, row_name(r), seed, {"head.sample_rate": r}) for r in RATES]
 
 
-def specs(seeds: int) -> list[dict]:
-    return seed_major(per_seed, seeds)
-
-
 def main(argv=None) -> int:
-    return experiment_main(EXPERIMENT, specs, argv, __doc__.splitlines()[0])
+    return experiment_main(EXPERIMENT, per_seed, __doc__, argv)
 
 
 if __name__ == "__main__":

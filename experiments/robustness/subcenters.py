@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.robustness.common import experiment_main, seed_major, spec
+from experiments.robustness.common import experiment_main, spec
 
 EXPERIMENT = "subcenters"
 FLIP_RATES = (0.4, 0.2)
@@ -31,12 +31,8 @@ def per_seed(seed: int) -> list[dict]:
     return runs
 
 
-def specs(seeds: int) -> list[dict]:
-    return seed_major(per_seed, seeds)
-
-
 def main(argv=None) -> int:
-    return experiment_main(EXPERIMENT, specs, argv, __doc__.splitlines()[0])
+    return experiment_main(EXPERIMENT, per_seed, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 # name → (what changes, overrides)
 ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "preset": ("the preset as configured", []),
-    "s16": ("scale s = 16", ["head.margin.scale=16"]),
+    "s32": ("scale s = 32", ["head.margin.scale=32"]),
     "s64": ("scale s = 64", ["head.margin.scale=64"]),
     "m0": ("no margin (NormFace)", ["head.margin.m2_rad=0.0"]),
     "m05": ("ArcFace m = 0.5", ["head.margin.m2_rad=0.5"]),
@@ -40,9 +40,9 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
         "data.augment.max_scale_delta=0", "data.augment.color_jitter=0",
     ]),
     "no_extra": ("without the fold-0 (extra) people", ["recipe.train_folds=[1,2,3]"]),
-    "in96": ("input 96×96 instead of 64×64", ["data.input_size=96"]),
-    "in48": ("input 48×48 instead of 64×64", ["data.input_size=48"]),
-    "ep24": ("twice the epochs", ["train.epochs=24"]),
+    "in64": ("input 64×64 instead of 48×48", ["data.input_size=64"]),
+    "all_people": ("every person, also those with one image", ["recipe.min_images_per_person=1"]),
+    "ep20": ("twice the epochs", ["train.epochs=20"]),
     "emb256": ("256-d embedding", ["model.embedding_dim=256"]),
     "mobilefacenet": ("MobileFaceNet backbone", ["model.name=mobilefacenet"]),
 }  # fmt: skip

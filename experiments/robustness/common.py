@@ -4,7 +4,7 @@ Omniglot, its open-set evaluation, and a pool that runs many of them.
 A *run spec* is a plain dict (picklable, JSON-able)::
 
     {"experiment": "label_flips", "name": "PFC r=0.1", "seed": 0,
-     "method": "engine",                      # engine | clean_retrain | linear_softmax | triplet
+     "method": "engine",                      # engine | clean_retrain | linear_softmax
      "corruption": {"kind": "flip", "rate": 0.2},   # or None; kinds: flip, conflict, long_tail
      "overrides": {"head.sample_rate": 0.1}}         # dotted config keys on top of BASE_CONFIG
 
@@ -73,8 +73,8 @@ BASE_CONFIG: dict = {
     "run": {"progress": False},
 }
 
-# CI: 20 classes (400 images), half an epoch of batches of 16, 300 evaluation images and no
-# one-shot runs.
+# CI: 20 classes (400 images), half an epoch of batches of 16 (P x K rows keep K and take
+# P = 16 / K), 300 evaluation images and no one-shot runs.
 TINY = {"classes": 20, "epochs": 0.5, "batch_size": 16, "eval_images": 300, "threshold_deg": 100.0}
 
 OPEN_SET_FARS = (1e-5, 1e-4, 1e-3, 1e-2)
@@ -117,6 +117,8 @@ def build_config(run: dict, tiny: bool, run_dir: Path, device: str):
     if tiny:
         _set_dotted(data, "train.epochs", TINY["epochs"])
         _set_dotted(data, "data.batch_size", TINY["batch_size"])
+        if data["data"].get("pk_images"):
+            _set_dotted(data, "data.pk_identities", TINY["batch_size"] // data["data"]["pk_images"])
         _set_dotted(data, "data.num_workers", 0)
         _set_dotted(data, "schedule.warmup_epochs", 0.1)
     return validate(config_from_dict(data, f"{run['experiment']}/{run['name']}"))
@@ -210,7 +212,7 @@ def _train(cfg, training_set: TrainingSet, run_dir: Path, method: str):
     from partialfc.train.engine import Trainer
 
     trainer = Trainer(cfg, run_dir=run_dir, train_set=training_set.dataset())
-    if method in ("linear_softmax", "triplet"):
+    if method == "linear_softmax":
         from experiments.robustness.custom_heads import install_custom_head
 
         install_custom_head(trainer, method)

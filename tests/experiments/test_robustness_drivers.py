@@ -1,9 +1,9 @@
 """The robustness experiment drivers: every row is a valid config, the drivers run end to end at
-CI size (engine, PFC*, clean-and-retrain, triplet), and the custom losses are right."""
+CI size (engine, PFC*, clean-and-retrain, triplet), and the triplet row is the engine's own
+classifier-free triplet training on P x K batches."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
@@ -15,7 +15,6 @@ import torch
 from experiments.robustness import (
     common,
     conflicts_longtail,
-    custom_heads,
     label_flips,
     margins,
     run_all,
@@ -86,6 +85,8 @@ def test_drivers_run_end_to_end_tiny(tmp_path):
     kept = cleaned["cleaning"]["kept"]
     assert cleaned["steps"] == max(1, round(0.5 * (kept // 16)))
     assert cleaned["subcenter_run"]["steps"] == round(0.5 * (400 // 16))
+    # the triplet row is an engine run on P x K batches of the same size
+    assert triplet["method"] == "engine" and triplet["steps"] == round(0.5 * (400 // 16))
     table = common.markdown_table(common.summarize_records(records))
     assert "flip 40% K=3->1" in table and "Triplet" in table
 
@@ -102,37 +103,40 @@ def test_summary_reports_mean_and_spread():
     assert row["train s"] == "11 ± 1"
 
 
-def _brute_force_semi_hard(x, labels, margin):
-    x = torch.nn.functional.normalize(x, dim=1)
-    losses = []
-    n = len(labels)
-    for a, p in itertools.permutations(range(n), 2):
-        if labels[a] != labels[p]:
-            continue
-        d_ap = float(((x[a] - x[p]) ** 2).sum())
-        d_neg = [float(((x[a] - x[j]) ** 2).sum()) for j in range(n) if labels[j] != labels[a]]
-        beyond = [d for d in d_neg if d > d_ap]
-        d_n = min(beyond) if beyond else max(d_neg)
-        losses.append(max(d_ap - d_n + margin, 0.0))
-    return sum(losses) / len(losses)
+def test_triplet_row_is_the_engines_semihard_triplet_on_pk_batches(tmp_path):
+    """No classifier: the step's loss is the library's semi-hard triplet loss of the batch's
+    embeddings, the Partial FC centers do not move, and batches hold P classes x K images."""
+    from partialfc.data.transforms import normalize_batch
+    from partialfc.losses.triplet import TripletLoss
+    from partialfc.train.engine import Trainer
 
+    (run,) = [r for r in margins.per_seed(0) if r["name"] == "Triplet, semi-hard"]
+    assert run["method"] == "engine"
+    cfg = common.build_config(run, tiny=True, run_dir=tmp_path / "t", device="cpu")
+    assert (cfg.data.pk_identities, cfg.data.pk_images, cfg.data.batch_size) == (4, 4, 16)
+    training_set = common.build_training_set(run["corruption"], run["seed"], tiny=True)
+    trainer = Trainer(cfg, run_dir=tmp_path / "t", train_set=training_set.dataset())
+    assert not trainer.uses_head and [t.name for t in trainer.extra_losses] == ["triplet"]
 
-def test_semi_hard_triplet_loss_matches_brute_force():
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(9, 4, generator=gen, dtype=torch.float64)
-    labels = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 3])
-    got = custom_heads.semi_hard_triplet_loss(x, labels, margin=0.2)
-    assert float(got) == pytest.approx(_brute_force_semi_hard(x, labels.tolist(), 0.2), rel=1e-9)
-
-
-def test_pk_sampler_batches_hold_p_classes_of_k_images():
-    labels = np.repeat(np.arange(30), 5)
-    sampler = custom_heads.PKBatchSampler(labels, batch_size=16, classes_per_batch=4, seed=0)
-    order = list(sampler)
-    assert len(order) == len(sampler) == (150 // 16) * 16
-    for start in range(0, len(order), 16):
-        batch = labels[order[start : start + 16]]
-        classes, counts = np.unique(batch, return_counts=True)
+    labels = training_set.labels
+    batches = list(trainer.sampler)
+    assert len(batches) == len(trainer.sampler) == 400 // 16
+    for batch in batches:
+        classes, counts = np.unique(labels[batch], return_counts=True)
         assert len(classes) == 4 and set(counts) == {4}
-    sampler.load_state_dict({"epoch": 0, "consumed_samples": 32})
-    assert list(sampler) == order[32:]
+    trainer.sampler.load_state_dict({"epoch": 0, "consumed_samples": 32})
+    assert list(trainer.sampler) == batches[2:]
+
+    items = [trainer.train_set[i] for i in batches[0]]
+    images = torch.stack([image for image, _, _ in items])
+    y = torch.tensor([label for _, label, _ in items])
+    with torch.no_grad():
+        expected = TripletLoss(margin=0.2, mining="semihard")(
+            trainer.backbone(normalize_batch(images)), y
+        )
+    centers = [t.detach().clone() for t in trainer.head.state_dict().values()]
+    loss = trainer.train_step(images, y, batches[0])
+    assert loss == pytest.approx(float(expected), rel=1e-5) and loss > 0
+    assert set(trainer.last_terms) == {"triplet"}
+    for before, after in zip(centers, trainer.head.state_dict().values(), strict=True):
+        assert torch.equal(before, after)

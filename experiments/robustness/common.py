@@ -207,15 +207,36 @@ def evaluate(embed_fn, tiny: bool) -> dict:
 # ---------------------------------------------------------------------------- one run
 
 
+def use_softmax_head(trainer) -> None:
+    """The 'Softmax' row: the engine trains only a Partial FC head, so this swaps in
+    :class:`partialfc.losses.heads.SoftmaxHead` (``W e + b`` on unnormalised embeddings) with a
+    torch SGD of the run's lr / momentum / weight decay. The LR schedule, clipping and timing
+    stay the engine's; with no Partial FC table to save, the trainer writes no checkpoint."""
+    import torch
+
+    from partialfc.losses.heads import SoftmaxHead
+    from partialfc.train.lr_schedule import WarmupLR
+
+    optim = trainer.cfg.optim
+    head = SoftmaxHead(trainer.num_classes, trainer.cfg.model.embedding_dim)
+    head = head.to(trainer.ctx.device)
+    head.consume_active_rows = lambda: None  # the engine's hook for a skipped head step
+    opt = torch.optim.SGD(
+        head.parameters(), lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+    )
+    trainer.head, trainer.head_optimizer = head, opt
+    trainer.optimizers = [trainer.optimizer, opt]
+    WarmupLR.remember_base_lr(trainer.optimizers)
+    trainer.save_checkpoint = lambda: None
+
+
 def _train(cfg, training_set: TrainingSet, run_dir: Path, method: str):
     """Build the trainer (with the method's head) and fit; ``(trainer, seconds, losses)``."""
     from partialfc.train.engine import Trainer
 
     trainer = Trainer(cfg, run_dir=run_dir, train_set=training_set.dataset())
     if method == "linear_softmax":
-        from experiments.robustness.custom_heads import install_custom_head
-
-        install_custom_head(trainer, method)
+        use_softmax_head(trainer)
     start = time.perf_counter()
     result = trainer.fit()
     return trainer, time.perf_counter() - start, result

@@ -91,6 +91,56 @@ def test_drivers_run_end_to_end_tiny(tmp_path):
     assert "flip 40% K=3->1" in table and "Triplet" in table
 
 
+def test_other_drivers_and_the_softmax_row_run_end_to_end_tiny(tmp_path):
+    out = tmp_path / "r.jsonl"
+    common_args = ["--tiny", "--seeds", "1", "--device", "cpu", "--out", str(out)]
+    assert sampling_rate.main([*common_args, "--rows", "PFC r=0.1"]) == 0
+    assert conflicts_longtail.main([*common_args, "--rows", "conflict PFC r=0.1"]) == 0
+    assert margins.main([*common_args, "--rows", "Softmax"]) == 0
+    records = _records(out)
+    assert [(r["experiment"], r["status"]) for r in records] == [
+        ("sampling_rate", "ok"), ("conflicts_longtail", "ok"), ("margins", "ok")
+    ]  # fmt: skip
+    rate, conflict, softmax = records
+    assert rate["overrides"] == {"head.sample_rate": 0.1}
+    assert rate["training_set"]["noisy_samples"] == 0
+    assert conflict["training_set"]["classes"] > 20  # split identities add pseudo classes
+    assert softmax["method"] == "linear_softmax"
+    for r in records:
+        assert 0.0 <= r["metrics"]["auc"] <= 1.0
+        assert r["steps"] == round(0.5 * (400 // 16))
+        assert r["train_time_s"] > 0 and math.isfinite(r["final_loss"])
+
+
+def test_softmax_row_trains_the_librarys_softmax_head(tmp_path):
+    """The swapped head's loss is ``cross_entropy(W e + b, y)`` and its SGD step moves W, b."""
+    from partialfc.data.transforms import normalize_batch
+    from partialfc.losses.heads import SoftmaxHead
+    from partialfc.train.engine import Trainer
+
+    (run,) = [r for r in margins.per_seed(0) if r["method"] == "linear_softmax"]
+    cfg = common.build_config(run, tiny=True, run_dir=tmp_path / "s", device="cpu")
+    training_set = common.build_training_set(None, 0, tiny=True)
+    trainer = Trainer(cfg, run_dir=tmp_path / "s", train_set=training_set.dataset())
+    common.use_softmax_head(trainer)
+    assert isinstance(trainer.head, SoftmaxHead) and trainer.head.num_classes == 20
+    assert trainer.optimizers == [trainer.optimizer, trainer.head_optimizer]
+
+    indices = list(trainer.sampler)[:16]
+    items = [trainer.train_set[i] for i in indices]
+    images = torch.stack([image for image, _, _ in items])
+    y = torch.tensor([label for _, label, _ in items])
+    weight = trainer.head.linear.weight.detach().clone()
+    bias = trainer.head.linear.bias.detach().clone()
+    with torch.no_grad():
+        e = trainer.backbone(normalize_batch(images))
+        expected = torch.nn.functional.cross_entropy(e @ weight.T + bias, y)
+    loss = trainer.train_step(images, y, indices)
+    assert loss == pytest.approx(float(expected), rel=1e-5)
+    assert not torch.equal(weight, trainer.head.linear.weight)
+    assert not torch.equal(bias, trainer.head.linear.bias)
+
+
 def test_summary_reports_mean_and_spread():
     records = [
         {"experiment": "e", "name": "a", "status": "ok", "train_time_s": t,

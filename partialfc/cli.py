@@ -1,8 +1,9 @@
 """Command-line entry point: ``partialfc <command> ...``.
 
 Each command lives in its own module, which defines ``add_arguments(parser, command)`` and
-``run(args) -> int`` (``args.command`` holds the command name, so one module can serve several). Modules are imported only when their command runs, so ``partialfc --help``
-stays fast and a broken optional dependency only affects the command that needs it.
+``run(args) -> int`` (``args.command`` holds the command name, so one module can serve
+several). Modules are imported only when their command runs, so ``partialfc --help`` stays
+fast and a broken optional dependency only affects the command that needs it.
 """
 
 from __future__ import annotations
@@ -13,15 +14,27 @@ import sys
 
 # command name -> (module implementing it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("partialfc.train.command", "train a backbone + margin/Partial FC head from a YAML config"),
-    "eval": ("partialfc.eval.command", "evaluate a checkpoint or exported model: JSON + Markdown report"),
-    "pack": ("partialfc.data.commands", "pack an image folder or list file into RecordIO .rec/.idx"),
+    "train": (
+        "partialfc.train.command",
+        "train a backbone + margin/Partial FC head from a YAML config",
+    ),
+    "eval": (
+        "partialfc.eval.command",
+        "evaluate a checkpoint or exported model: JSON + Markdown report",
+    ),
+    "pack": (
+        "partialfc.data.commands",
+        "pack an image folder or list file into RecordIO .rec/.idx",
+    ),
     "unpack": ("partialfc.data.commands", "unpack a RecordIO .rec/.idx into an image folder"),
     "export": ("partialfc.deploy.commands", "export a trained backbone to ONNX + safetensors"),
     "embed": ("partialfc.deploy.commands", "embed a folder of aligned faces or a .rec set"),
     "verify": ("partialfc.deploy.commands", "score image pairs with a calibrated threshold"),
     "search": ("partialfc.deploy.commands", "enroll into / search a persistent gallery"),
-    "invert": ("partialfc.tools.inversion", "synthesize an input from a trained model (model inversion)"),
+    "invert": (
+        "partialfc.tools.inversion",
+        "synthesize an input from a trained model (model inversion)",
+    ),
     "distill": ("partialfc.tools.distillation", "train a small student from a teacher checkpoint"),
     "clean": ("partialfc.tools.cleaning", "sub-center cleaning of a noisy training set"),
 }

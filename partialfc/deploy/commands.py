@@ -108,7 +108,7 @@ def _normalize(x: np.ndarray) -> np.ndarray:
 
 
 def _atomic_savez(path: Path, **arrays) -> None:
-    from partialfc.deploy.spec import atomic_write_bytes
+    from partialfc.atomic import atomic_write_bytes
 
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from partialfc.atomic import atomic_output
 from partialfc.deploy.spec import SPEC_FILENAME, PreprocessingSpec
 
 ONNX_FILENAME = "backbone.onnx"
@@ -50,23 +50,13 @@ class ExportResult:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
 
-def _atomic_path(path: Path):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    return Path(tmp)
-
-
 def save_weights(model: nn.Module, spec: PreprocessingSpec, path: Path) -> None:
     """State dict to safetensors (atomic), with the spec JSON in the file's metadata."""
     from safetensors.torch import save_file
 
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = _atomic_path(path)
-    try:
+    with atomic_output(path) as tmp:
         save_file(state, str(tmp), metadata={METADATA_KEY: spec.to_json()})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def save_onnx(model: nn.Module, spec: PreprocessingSpec, path: Path, opset: int = 18) -> None:
@@ -90,12 +80,8 @@ def save_onnx(model: nn.Module, spec: PreprocessingSpec, path: Path, opset: int 
     proto = program.model_proto
     entry = proto.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, spec.to_json()
-    tmp = _atomic_path(path)
-    try:
+    with atomic_output(path) as tmp:
         onnx.save_model(proto, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def check_onnx(model: nn.Module, spec: PreprocessingSpec, onnx_path: Path, batch: int = 3):

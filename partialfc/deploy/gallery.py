@@ -30,7 +30,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from partialfc.deploy.spec import atomic_write_bytes
+from partialfc.atomic import atomic_write_bytes
 
 GALLERY_FORMAT = "partialfc.gallery"
 GALLERY_VERSION = 1

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from partialfc.atomic import atomic_write_bytes
 
 SPEC_FORMAT = "partialfc.preprocessing"
 SPEC_VERSION = 1
@@ -148,19 +149,3 @@ class PreprocessingSpec:
             x = (x @ LUMA_WEIGHTS)[..., None]
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write through a temporary file in the same directory, fsync, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from partialfc.deploy.spec import atomic_write_bytes
+from partialfc.atomic import atomic_write_bytes
 from partialfc.eval import proportion, score_all_pairs
 from partialfc.eval.tar_at_far import threshold_from_top_impostors
 

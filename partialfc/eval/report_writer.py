@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from partialfc.atomic import atomic_write_bytes
 
 from .reports import IdentificationReport, VerificationReport, roc_points
 from .results import to_jsonable
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _plot(path: Path, draw) -> None:
@@ -155,7 +144,7 @@ def write_report(reports: list, out_dir, title: str = "Evaluation report", meta=
         "meta": to_jsonable(meta or {}),
         "results": [r.to_dict() for r in reports],
     }
-    _atomic_write(out / "results.json", (json.dumps(payload, indent=1) + "\n").encode())
+    atomic_write_bytes(out / "results.json", (json.dumps(payload, indent=1) + "\n").encode())
     md = [f"# {title}", ""]
     if verification:
         plot_roc(verification, out / "roc.png")
@@ -168,7 +157,7 @@ def write_report(reports: list, out_dir, title: str = "Evaluation report", meta=
             md.append(verification_markdown(r))
         elif isinstance(r, IdentificationReport):
             md.append(identification_markdown(r))
-    _atomic_write(out / "report.md", "\n".join(md).encode())
+    atomic_write_bytes(out / "report.md", "\n".join(md).encode())
     return payload
 
 

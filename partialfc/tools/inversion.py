@@ -233,9 +233,9 @@ def load_centers(path: str) -> Tensor:
 def run(args: argparse.Namespace) -> int:
     import cv2
 
+    from partialfc.atomic import atomic_write_bytes
     from partialfc.deploy.commands import read_images
     from partialfc.deploy.embedder import Embedder, TorchBackend
-    from partialfc.deploy.spec import atomic_write_bytes
 
     try:
         embedder = Embedder.load(args.model, backend="torch")

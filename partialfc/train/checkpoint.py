@@ -18,11 +18,9 @@ a half-written checkpoint under a real name.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,37 +28,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from partialfc.atomic import atomic_output, atomic_write_bytes
+
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same directory + ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    """``torch.save`` through a temporary file + rename (:mod:`partialfc.atomic`)."""
+    with atomic_output(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def safe_torch_load(path: Path) -> Any:
@@ -136,9 +112,8 @@ def save_backbone(backbone: nn.Module, model_config: dict, directory: Path) -> N
 
     directory = Path(directory)
     state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
-    tmp = directory / ".backbone.safetensors.tmp"
-    save_file(state, str(tmp))
-    os.replace(tmp, directory / "backbone.safetensors")
+    with atomic_output(directory / "backbone.safetensors") as tmp:
+        save_file(state, str(tmp))
     atomic_write_bytes(directory / "model.json", json.dumps(model_config, indent=2).encode())
 
 

@@ -90,7 +90,16 @@ def _resume_config(run_dir, *extra):
     )
 
 
-def test_resume_mid_epoch_reproduces_the_uninterrupted_losses_exactly(tmp_path):
+TRIPLET_ON_PK_BATCHES = (
+    "loss.triplet_weight=0.5",
+    "loss.triplet_mining=batch_hard",
+    "data.pk_identities=5",
+    "data.pk_images=4",
+)
+
+
+@pytest.mark.parametrize("extra", [(), TRIPLET_ON_PK_BATCHES], ids=["arcface", "plus_triplet_pk"])
+def test_resume_mid_epoch_reproduces_the_uninterrupted_losses_exactly(tmp_path, extra):
     def train(cfg):
         trainer = Trainer(
             cfg,
@@ -100,11 +109,11 @@ def test_resume_mid_epoch_reproduces_the_uninterrupted_losses_exactly(tmp_path):
         )
         return trainer, trainer.fit()
 
-    full_trainer, full = train(_resume_config(tmp_path / "full"))
+    full_trainer, full = train(_resume_config(tmp_path / "full", *extra))
     assert full.steps == 14
     ckpt = tmp_path / "full" / "run" / "checkpoints" / "step-00000007"
     resumed_trainer, resumed = train(
-        _resume_config(tmp_path / "resumed", f"checkpoint.resume={ckpt}")
+        _resume_config(tmp_path / "resumed", *extra, f"checkpoint.resume={ckpt}")
     )
     assert resumed_trainer.batches_in_epoch == 14 and resumed.steps == 14
     assert resumed.losses == full.losses[7:]  # bit-identical

@@ -39,15 +39,44 @@ def _dp_config(run_dir, per_rank_batch, *extra):
     )
 
 
-def _train(cfg):
+def _train(cfg, extra_losses=()):
     trainer = Trainer(
         cfg,
         backbone=tiny_backbone(0),
         model_config=TINY_MODEL_CONFIG,
         train_set=omniglot_subset(NUM_CLASSES),
+        extra_losses=extra_losses,
     )
     result = trainer.fit()
     return result.losses, flat_params(trainer.backbone)
+
+
+class _MeanSquaredNorm:
+    """An extra term that is a per-sample mean: 0.05 · mean ‖e‖²."""
+
+    name = "norm"
+
+    def __call__(self, ctx):
+        from partialfc.train.extra_losses import LossTerm
+
+        loss = 0.05 * ctx.embeddings.square().sum(1).mean()
+        return LossTerm(loss, {"value": float(loss.detach())})
+
+
+def _two_rank_extra_term_body(rank, world_size, run_dir):
+    torch.manual_seed(0)
+    _, params = _train(_dp_config(run_dir / "two", 16), [_MeanSquaredNorm()])
+    return params.numpy().copy()
+
+
+def test_extra_terms_keep_two_ranks_equal_to_one_rank_with_double_batch(tmp_path):
+    """A term's rank-local mean, averaged by DDP, is the global-batch mean."""
+    _, one_params = _train(_dp_config(tmp_path / "one", 32), [_MeanSquaredNorm()])
+    _, plain_params = _train(_dp_config(tmp_path / "plain", 32))
+    assert not torch.allclose(one_params, plain_params, rtol=1e-3, atol=1e-5)  # the term acts
+    results = run_ranks(_two_rank_extra_term_body, world_size=2, args=(tmp_path,), timeout_s=150)
+    for two_params in results:
+        np.testing.assert_allclose(two_params, one_params.numpy(), rtol=1e-4, atol=1e-6)
 
 
 def _two_rank_body(rank, world_size, run_dir, resume_from):

@@ -149,11 +149,13 @@ def check_pfc_cuda_vs_cpu():
     return {"cases": rows, "worst_fp32_abs_diff": worst}
 
 
-def _nccl_worker(rank, world, init_file, x, y, queue):
+def _rank_worker(rank, world, backend, init_file, x, y, queue):
+    """One rank: its slice of the batch through Partial FC (r = 1) on its GPU."""
     try:
-        torch.cuda.set_device(rank)
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
         dist.init_process_group(
-            "nccl",
+            backend,
             init_method=f"file://{init_file}",
             rank=rank,
             world_size=world,
@@ -161,92 +163,49 @@ def _nccl_worker(rank, world, init_file, x, y, queue):
         )
         per = x.shape[0] // world
         xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
-        out = _pfc_step(
-            f"cuda:{rank}", 1000, 64, xs, ys, ArcFaceMargin(), 1.0, process_group=None, steps=2
-        )
-        grads = [torch.zeros_like(out[1]).cuda() for _ in range(world)]
-        dist.all_gather(grads, out[1].cuda())
-        queue.put((rank, "ok", (out[0], torch.cat([g.cpu() for g in grads]))))
+        losses, grad, _ = _pfc_step(device, 1000, 64, xs, ys, ArcFaceMargin(), 1.0, steps=2)
+        # world > 1 scales the embedding gradient by N (DDP mean convention); undo it here
+        queue.put((rank, "ok", (losses, grad / world)))
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001
         queue.put((rank, "error", traceback.format_exc()))
 
 
-@section("nccl")
-def check_nccl():
-    world = torch.cuda.device_count()
-    torch.manual_seed(1)
+def _compare_ranks_with_one_process(backend: str, world: int, seed: int) -> dict:
+    """N ranks over ``backend`` against one process with the concatenated batch."""
+    torch.manual_seed(seed)
     x, y = torch.randn(64 * world, 64), torch.randint(0, 1000, (64 * world,))
     ref_loss, ref_grad, _ = _pfc_step("cuda", 1000, 64, x, y, ArcFaceMargin(), 1.0, steps=2)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [
-            ctx.Process(target=_nccl_worker, args=(r, world, f"{tmp}/rdv", x, y, queue))
-            for r in range(world)
-        ]
+        args = (world, backend, f"{tmp}/rdv", x, y, queue)
+        procs = [ctx.Process(target=_rank_worker, args=(r, *args)) for r in range(world)]
         for p in procs:
             p.start()
-        outs = [queue.get(timeout=300) for _ in range(world)]
+        outs = sorted((queue.get(timeout=300) for _ in range(world)), key=lambda o: o[0])
         for p in procs:
             p.join(timeout=30)
     errors = [o[2] for o in outs if o[1] != "ok"]
     assert not errors, errors
-    loss, grad = next(o[2] for o in outs if o[0] == 0)
-    # world > 1 scales the embedding gradient by N (DDP mean convention); undo for comparison
+    losses = outs[0][2][0]
     diff = {
-        "loss": max(abs(p - q) for p, q in zip(ref_loss, loss, strict=True)),
-        "emb_grad": _max_diff(ref_grad, grad / world),
+        "loss": max(abs(p - q) for p, q in zip(ref_loss, losses, strict=True)),
+        "emb_grad": _max_diff(ref_grad, torch.cat([o[2][1] for o in outs])),
     }
     assert diff["loss"] < 1e-4 and diff["emb_grad"] < 1e-5, diff
-    return {"world_size": world, "backend": "nccl", "max_abs_diff": diff, "losses": loss}
+    return {"world_size": world, "backend": backend, "max_abs_diff": diff, "losses": losses}
 
 
-def _gloo_cuda_worker(rank, world, init_file, x, y, queue):
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=120),
-        )
-        per = x.shape[0] // world
-        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
-        out = _pfc_step("cuda:0", 1000, 64, xs, ys, ArcFaceMargin(), 1.0, steps=2)
-        queue.put((rank, "ok", (out[0], out[1] / world)))
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        queue.put((rank, "error", traceback.format_exc()))
+@section("nccl")
+def check_nccl():
+    # NCCL refuses two ranks on one device: one rank per GPU
+    return _compare_ranks_with_one_process("nccl", torch.cuda.device_count(), seed=1)
 
 
 @section("gloo_cuda_2ranks")
 def check_gloo_cuda():
-    world = 2
-    torch.manual_seed(2)
-    x, y = torch.randn(128, 64), torch.randint(0, 1000, (128,))
-    ref_loss, ref_grad, _ = _pfc_step("cuda", 1000, 64, x, y, ArcFaceMargin(), 1.0, steps=2)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [
-            ctx.Process(target=_gloo_cuda_worker, args=(r, world, f"{tmp}/rdv", x, y, queue))
-            for r in range(world)
-        ]
-        for p in procs:
-            p.start()
-        outs = sorted([queue.get(timeout=300) for _ in range(world)], key=lambda o: o[0])
-        for p in procs:
-            p.join(timeout=30)
-    errors = [o[2] for o in outs if o[1] != "ok"]
-    assert not errors, errors
-    grad = torch.cat([o[2][1] for o in outs])
-    diff = {
-        "loss": max(abs(p - q) for p, q in zip(ref_loss, outs[0][2][0], strict=True)),
-        "emb_grad": _max_diff(ref_grad, grad),
-    }
-    assert diff["loss"] < 1e-4 and diff["emb_grad"] < 1e-5, diff
-    return {"max_abs_diff": diff}
+    return _compare_ranks_with_one_process("gloo", 2, seed=2)
 
 
 @section("amp_training")

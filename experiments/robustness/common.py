@@ -503,13 +503,21 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def experiment_main(experiment: str, per_seed, doc: str, argv=None) -> int:
-    """The command line of every driver: ``per_seed(seed) -> [spec, ...]`` for ``--seeds`` seeds
-    (seed-major), run them, print the table. ``doc`` is the driver's module docstring (its
-    first line is the ``--help`` description)."""
+    """The command line of every driver: ``per_seed(seed) -> [spec, ...]`` for ``--seeds N``
+    (seeds 0 .. N-1) or ``--seed-list 1,2`` (seed-major), run them, print the table. ``doc``
+    is the driver's module docstring (its first line is the ``--help`` description)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=2, help="seeds per row (default 2)")
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", type=int, default=None, help="seeds 0 .. N-1 per row (default 2)")
+    seeds.add_argument(
+        "--seed-list",
+        type=parse_seed_list,
+        default=None,
+        metavar="S[,S...]",
+        help="only these seeds, e.g. 1,2 (to add seeds to rows already run)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (processes)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--tiny", action="store_true", help="CI size: 20 classes, half an epoch")
@@ -522,7 +530,7 @@ def experiment_main(experiment: str, per_seed, doc: str, argv=None) -> int:
     )
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS_DIR / f"{experiment}.jsonl"
-    runs = seed_major(per_seed, args.seeds)
+    runs = seed_major(per_seed, args.seed_list or args.seeds or 2)
     if args.rows:
         runs = [r for r in runs if args.rows in r["name"]]
         if not runs:
@@ -533,12 +541,31 @@ def experiment_main(experiment: str, per_seed, doc: str, argv=None) -> int:
     return 1 if failed else 0
 
 
-def seed_major(per_seed, seeds: int) -> list[dict]:
-    """All rows for seed 0, then all for seed 1, ...: a deadline cut leaves whole seeds."""
+def seed_major(per_seed, seeds: int | Iterable[int]) -> list[dict]:
+    """All rows for the first seed, then all for the next, ...: a deadline cut leaves whole
+    seeds. ``seeds`` is a count N (seeds 0 .. N-1) or the seeds themselves."""
     runs: list[dict] = []
-    for seed in range(seeds):
+    for seed in range(seeds) if isinstance(seeds, int) else seeds:
         runs.extend(per_seed(seed))
     return runs
+
+
+def parse_seed_list(text: str) -> list[int]:
+    """``"1,2"`` -> ``[1, 2]``; an argparse type (its ValueError names the bad item)."""
+    import argparse
+
+    seeds = []
+    for item in text.split(","):
+        try:
+            seed = int(item.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"seed {item.strip()!r} is not an integer") from None
+        if seed < 0:
+            raise argparse.ArgumentTypeError(f"seed {seed} is negative")
+        if seed in seeds:
+            raise argparse.ArgumentTypeError(f"seed {seed} is listed twice")
+        seeds.append(seed)
+    return seeds
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -190,3 +190,31 @@ def test_triplet_row_is_the_engines_semihard_triplet_on_pk_batches(tmp_path):
     assert set(trainer.last_terms) == {"triplet"}
     for before, after in zip(centers, trainer.head.state_dict().values(), strict=True):
         assert torch.equal(before, after)
+
+
+def test_seed_list_runs_only_the_chosen_seeds(monkeypatch, capsys):
+    """``--seed-list 2,1`` adds seeds to rows already run: exactly those seeds, in that order,
+    seed-major, and still filtered by ``--rows``; a bad list is an argparse error."""
+    seen = []
+
+    def fake_run_specs(runs, out, jobs, tiny, device, deadline_s):
+        seen.extend((r["seed"], r["name"]) for r in runs)
+        return []
+
+    monkeypatch.setattr(common, "run_specs", fake_run_specs)
+    assert label_flips.main(["--seed-list", "2,1", "--rows", "flip 40%"]) == 0
+    names = [name for name, _ in label_flips.METHODS]
+    assert seen == [(s, f"flip 40% {n}") for s in (2, 1) for n in names]
+
+    seen.clear()
+    assert sampling_rate.main(["--seeds", "2", "--rows", "FC (r=1)"]) == 0
+    assert seen == [(0, "FC (r=1)"), (1, "FC (r=1)")]
+
+    assert common.parse_seed_list(" 3, 0") == [3, 0]
+    for bad, message in (("1,x", "'x' is not an integer"), ("1,1", "listed twice"),
+                         ("-1", "negative")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            sampling_rate.main(["--seed-list", bad])
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # either a count or a list, not both
+        sampling_rate.main(["--seeds", "2", "--seed-list", "1"])

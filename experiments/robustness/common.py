@@ -472,11 +472,19 @@ def summarize_records(records: list[dict], experiment: str | None = None) -> lis
     for (exp, name), group in rows.items():
         ok = [r for r in group if r["status"] == "ok"]
         row = {"experiment": exp, "name": name, "seeds": len(ok), "failed": len(group) - len(ok)}
+        by_device = _seeds_by_device(ok)
+        row["device: seeds"] = "; ".join(
+            f"{device} {','.join(str(r['seed']) for r in runs)}" for device, runs in by_device
+        )
         for label, key, scale in COLUMNS:
             row[label] = _fmt([r["metrics"].get(key) for r in ok], scale)
         ks = [r["metrics"].get("k@far=0.0001") for r in ok]
         row["k@1e-4"] = str(int(statistics.fmean(ks))) if ks else "n/a"
-        row["train s"] = _fmt([r["train_time_s"] for r in ok], 1.0, 0)
+        # training times are only comparable on one device (and one load): one entry per device
+        times = [
+            (device, _fmt([r["train_time_s"] for r in runs], 1.0, 0)) for device, runs in by_device
+        ]
+        row["train s"] = times[0][1] if len(times) == 1 else "; ".join(f"{d} {t}" for d, t in times)
         cleaning = [r["cleaning"] for r in ok if "cleaning" in r]
         if cleaning:
             q = [c.get("removal_vs_ground_truth", {}) for c in cleaning]
@@ -485,6 +493,15 @@ def summarize_records(records: list[dict], experiment: str | None = None) -> lis
             row["recall"] = _fmt([x.get("recall") for x in q], 100.0, 1)
         out.append(row)
     return out
+
+
+def _seeds_by_device(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Records grouped by the device they trained on, seeds ascending (devices in order of their
+    lowest seed)."""
+    groups: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        groups.setdefault(r.get("device", "n/a"), []).append(r)
+    return list(groups.items())
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -143,14 +143,30 @@ def test_softmax_row_trains_the_librarys_softmax_head(tmp_path):
 
 def test_summary_reports_mean_and_spread():
     records = [
-        {"experiment": "e", "name": "a", "status": "ok", "train_time_s": t,
-         "metrics": {"tar@far=0.0001": v, "auc": 0.9, "k@far=0.0001": 8}}
-        for t, v in ((10.0, 0.20), (12.0, 0.30))
-    ] + [{"experiment": "e", "name": "a", "status": "error"}]  # fmt: skip
+        {"experiment": "e", "name": "a", "status": "ok", "train_time_s": t, "seed": seed,
+         "device": "cpu", "metrics": {"tar@far=0.0001": v, "auc": 0.9, "k@far=0.0001": 8}}
+        for seed, t, v in ((2, 10.0, 0.20), (1, 12.0, 0.30))
+    ] + [{"experiment": "e", "name": "a", "status": "error", "seed": 3}]  # fmt: skip
     (row,) = common.summarize_records(records)
     assert row["seeds"] == 2 and row["failed"] == 1
     assert row["TAR@FAR=1e-4"] == f"25.00 ± {np.std([20.0, 30.0], ddof=1):.2f}"
+    assert row["device: seeds"] == "cpu 1,2"
     assert row["train s"] == "11 ± 1"
+
+
+def test_summary_pools_seeds_across_devices_but_not_training_times():
+    """Metrics are pooled over every seed; times only within a device (a GPU shared by ten
+    runs and a CPU core do not measure the same thing)."""
+    records = [
+        {"experiment": "e", "name": "a", "status": "ok", "train_time_s": t, "seed": seed,
+         "device": device, "metrics": {"tar@far=0.0001": v, "k@far=0.0001": 8}}
+        for seed, device, t, v in ((0, "cuda", 100.0, 0.10), (1, "cpu", 500.0, 0.20),
+                                   (2, "cpu", 520.0, 0.30))
+    ]  # fmt: skip
+    (row,) = common.summarize_records(records)
+    assert row["seeds"] == 3 and row["device: seeds"] == "cuda 0; cpu 1,2"
+    assert row["TAR@FAR=1e-4"] == "20.00 ± 10.00"
+    assert row["train s"] == f"cuda 100; cpu 510 ± {np.std([500.0, 520.0], ddof=1):.0f}"
 
 
 def test_triplet_row_is_the_engines_semihard_triplet_on_pk_batches(tmp_path):

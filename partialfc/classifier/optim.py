@@ -3,7 +3,10 @@
 Only the rows that were active in the last forward move, and only their optimizer state
 changes; every other center and its momentum / moments stay bit-identical (seed 000 Eq. 4:
 "unsampled centers remain in optimizer state"). The handshake is explicit: ``forward`` records
-the active rows, ``backward`` fills their gradient, ``step()`` consumes the record.
+the active rows, ``backward`` fills the softmax coefficients, ``step()`` consumes the record,
+walking the active rows ``CHUNK_ROWS`` at a time: read the rows and their state, rebuild their
+gradient (one GEMM, :meth:`ActiveRows.center_grad`), update, write back. The working memory is
+a few chunk buffers, independent of the number of classes.
 
 On the active rows the arithmetic is exactly torch's (per row):
 
@@ -67,6 +70,8 @@ class RowSparseOptimizer(torch.optim.Optimizer):
             for name in self._active_state_names()
         }
         self._scratch = {name: ReusableBuffer(centers.compute_device) for name in self.tables}
+        self._weight_scratch = ReusableBuffer(centers.compute_device)
+        self._grad_scratch = ReusableBuffer(centers.compute_device)
         self.num_steps = 0
 
     def _active_state_names(self) -> tuple[str, ...]:
@@ -85,20 +90,29 @@ class RowSparseOptimizer(torch.optim.Optimizer):
             return None
         pfc = self.partial_fc
         gen = sampling_generator(pfc.seed + 1, self.num_steps, pfc.rank)  # stochastic rounding
-        if record.weight.device.type != "cpu":  # rounding happens where the rows were computed
-            gen = torch.Generator(device=record.weight.device).manual_seed(gen.initial_seed())
+        if pfc.device.type != "cpu":  # rounding happens where the rows are updated
+            gen = torch.Generator(device=pfc.device).manual_seed(gen.initial_seed())
         group = self.param_groups[0]
-        for i in range(0, record.rows.numel(), CHUNK_ROWS):  # bounded state scratch
-            rows, part = record.rows[i : i + CHUNK_ROWS], slice(i, i + CHUNK_ROWS)
+        for lo in range(0, record.rows.numel(), CHUNK_ROWS):  # bounded scratch, cache-sized
+            hi = min(lo + CHUNK_ROWS, record.rows.numel())
+            rows = record.rows[lo:hi]
+            weight = record.read_weight(lo, hi, self._weight_scratch)
+            decay = self._coupled_weight_decay(group)
+            grad = record.center_grad(lo, hi, weight, self._grad_scratch, decay)
             state = {n: t.read(rows, self._scratch[n]) for n, t in self.tables.items()}
-            self._update_rows(rows, record.weight[part], record.grad[part], state, group)
+            self._update_rows(rows, weight, grad, state, group)
             for name, table in self.tables.items():
                 table.write(rows, state[name], gen)
-            pfc.centers.write(rows, record.weight[part], gen)
+            pfc.centers.write(rows, weight, gen)
         self.num_steps += 1
         return None
 
+    def _coupled_weight_decay(self, group) -> float:
+        """L2 coefficient folded into the gradient (``g + wd * w``); 0 when decay is decoupled."""
+        return 0.0
+
     def _update_rows(self, rows, weight, grad, state, group) -> None:
+        """Update ``weight`` and ``state`` of one chunk in place; ``grad`` may be overwritten."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ state
@@ -194,10 +208,11 @@ class RowSparseSGD(RowSparseOptimizer):
     def _active_state_names(self) -> tuple[str, ...]:
         return self.state_names if self._has_momentum else ()
 
+    def _coupled_weight_decay(self, group) -> float:
+        return group["weight_decay"]
+
     def _update_rows(self, rows, weight, grad, state, group) -> None:
-        lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
-        if wd:
-            grad.add_(weight, alpha=wd)
+        lr, mom = group["lr"], group["momentum"]  # grad already holds + weight_decay * w
         if self._has_momentum:
             buf = state["momentum_buffer"]
             torch.add(grad, buf, alpha=mom, out=buf)  # buf = mom * buf + g, one pass

@@ -58,9 +58,8 @@ from partialfc.classifier.sampling import (
     sampling_generator,
 )
 from partialfc.classifier.sharding import class_block
-from partialfc.classifier.storage import SUPPORTED_DTYPES, ReusableBuffer, RowTable
+from partialfc.classifier.storage import CHUNK_ROWS, SUPPORTED_DTYPES, ReusableBuffer, RowTable
 from partialfc.losses.margins import CombinedMargin
-from partialfc.losses.subcenter import max_over_subcenters
 
 __all__ = ["PartialFC", "ActiveRows", "init_center_rows"]
 
@@ -101,56 +100,123 @@ def init_center_rows(
 class ActiveRows:
     """The rows one forward used, handed from :class:`PartialFC` to a row-sparse optimizer.
 
+    The center gradient is not stored as an ``(n, d)`` tensor: backward keeps the ``(n, B)``
+    coefficients ``q_ji = d loss / d (w_j . x_i)`` (the softmax buffer, reused in place), and
+    :meth:`center_grad` rebuilds ``d loss / d w_j`` for any chunk of rows with one GEMM. With
+    ``B <= d`` that is less memory than a gradient, and no float32 copy of the active rows
+    exists at any time (the optimizer reads, updates and writes them a chunk at a time).
+
     Attributes:
         step: sampling step that produced them.
         rows: ``(n,)`` sorted row indices into the local center table (class-major sub-centers).
-        weight: ``(n, d)`` float32 values of those rows as used in forward.
-        grad: ``(n, d)`` float32 ``d loss / d weight``; valid once ``grad_ready`` is True.
+        table: the center table the rows were read from (unchanged until the optimizer step).
+        embeddings: ``(B, d)`` the normalised global batch as used in forward.
+        coefficients: ``(n, B)`` ``d loss / d (w_j . x_i)``; valid once ``grad_ready`` is True.
+        inv_norm: ``(n,)`` ``1 / |w_j|`` as used in forward.
+        weight_cache: ``(n, d)`` float32 rows on the compute device when the table lives
+            elsewhere (host storage next to a GPU): they cross the bus once per step, and the
+            device, not the host, holds the working copy. None otherwise.
     """
 
     step: int
     rows: Tensor
-    weight: Tensor
-    grad: Tensor
+    table: RowTable
+    weight_cache: Tensor | None = None
+    embeddings: Tensor | None = None
+    coefficients: Tensor | None = None
+    inv_norm: Tensor | None = None
     grad_ready: bool = False
+
+    def read_weight(self, start: int = 0, stop: int | None = None, out=None) -> Tensor:
+        """Float32 values of ``rows[start:stop]`` (exactly those used in forward)."""
+        if self.weight_cache is not None:
+            return self.weight_cache[start:stop]
+        return self.table.read(self.rows[start:stop], out)
+
+    def center_grad(
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        weight: Tensor | None = None,
+        out=None,
+        weight_decay: float = 0.0,
+    ) -> Tensor:
+        """``d loss / d w + weight_decay * w`` of ``rows[start:stop]`` (float32 ``(m, d)``).
+
+        ``weight`` (from :meth:`read_weight`) saves a second read when the caller has it;
+        ``out`` is a tensor or :class:`ReusableBuffer`; ``weight_decay`` folds a coupled L2
+        term into the same pass (0 by default: the plain gradient).
+        """
+        if not self.grad_ready:
+            raise RuntimeError("PartialFC: center gradients need loss.backward() first")
+        if weight is None:
+            weight = self.read_weight(start, stop)
+        stop = self.rows.numel() if stop is None else min(stop, self.rows.numel())
+        q, inv = self.coefficients[start:stop], self.inv_norm[start:stop]
+        return _center_grad_rows(q, self.embeddings, weight, inv, out, weight_decay)
+
+
+def _center_grad_rows(
+    q: Tensor, x: Tensor, w: Tensor, inv_norm: Tensor, out=None, weight_decay: float = 0.0
+) -> Tensor:
+    """``d loss / d w_j = inv_j (G_j - (G_j . u_j) u_j)``, plus ``weight_decay * w_j``.
+
+    ``q`` (m, B) holds ``d loss / d (w_j . x_i)`` (``inv_j`` already applied), so
+    ``g_j = sum_i q_ji x_i`` (one GEMM) is ``inv_j G_j``, and one more pass removes the radial
+    part and adds the L2 term: ``g_j += w_j (weight_decay - (g_j . w_j) inv_j^2)``.
+    """
+    g = out.get(*w.shape) if isinstance(out, ReusableBuffer) else out
+    g = torch.mm(q, x, out=g) if g is not None else torch.mm(q, x)
+    along = torch.linalg.vecdot(g, w).mul_(inv_norm * inv_norm)
+    return g.addcmul_(w, along.neg_().add_(weight_decay).unsqueeze(1))
 
 
 class _ShardedMarginSoftmax(torch.autograd.Function):
     """Per-row loss ``log S_i + m_i - t_i`` of the exact softmax over all ranks' active rows.
 
-    Fused so that the ``(B, n)`` logits live in one reused buffer and are touched a handful of
-    times: ``logits = s * (x @ w^T) / |w|`` (GEMM + one scaling pass), the margin on the B
-    target logits (the margin module itself, on a ``(B, 1)`` slice: its non-target output is
-    ``s * cos`` by contract), PFC* masking, all-reduced row max, ``exp`` in place, all-reduced
-    row sum. Backward rebuilds ``dL/dcos`` in the same buffer
-    (``s * p_ij * g_i``; ``(p_it - 1) g_i f'(cos_it)`` at the target) and runs two GEMMs:
-    ``dL/dx = q @ w`` and ``dL/dw_j = inv_j (G_j - (G_j . u_j) u_j)``, ``G = q^T x``.
-    The center gradient goes to ``record.grad`` (sparse mode) or is returned (dense mode).
+    The scores are kept transposed, ``(n, B)``, in one reused buffer, so that every chunk of
+    ``CHUNK_ROWS`` active rows is read (from the table, converted to float32) into a small
+    buffer and meets the batch in one GEMM writing a contiguous block: ``z = s * (w x^T) / |w|``.
+    Then the margin on the B target entries (the margin module itself on a ``(B, 1)`` slice: its
+    non-target output is ``s * cos`` by contract), PFC* masking, all-reduced max over classes,
+    ``exp`` in place, all-reduced sum. Backward rebuilds ``d loss / d cos`` in the same buffer
+    (``s p_ji g_i``; ``(p_ti - 1) g_i f'(cos_ti)`` at the target), scales row ``j`` by
+    ``inv_j`` and, chunk by chunk, re-reads the rows for ``dL/dx += q_chunk^T w_chunk``. The
+    center gradient is left to :meth:`ActiveRows.center_grad` (sparse mode) or computed here
+    (dense mode, where ``w`` is an autograd input). In sparse mode ``w`` is None and
+    ``center_anchor`` (a zero-size leaf requiring grad) keeps the graph alive.
     """
 
     @staticmethod
-    def forward(ctx, x, w, plan):
-        k = plan.num_subcenters
+    def forward(ctx, x, w, center_anchor, plan):
+        k, n, batch = plan.num_subcenters, plan.rows.numel(), x.shape[0]
         scale = float(plan.margin.scale)
-        inv_norm = w.norm(dim=1).clamp_min(1e-12).reciprocal_()
-        logits = plan.logits_buffer.get(x.shape[0], w.shape[0])
-        torch.mm(x, w.t(), out=logits)
-        logits.mul_(inv_norm * scale)  # s * cos
-        argmax = None
+        inv_norm = x.new_empty(n)
+        scores = plan.scores_buffer.get(n, batch)
+        for lo in range(0, n, CHUNK_ROWS):
+            hi = min(lo + CHUNK_ROWS, n)
+            wc = plan.read_rows(lo, hi) if w is None else w[lo:hi]
+            inv = torch.linalg.vector_norm(wc, dim=1).clamp_min_(1e-12).reciprocal_()
+            inv_norm[lo:hi] = inv
+            torch.mm(wc, x.t(), out=scores[lo:hi]).mul_(inv.mul_(scale).unsqueeze(1))
+        z, argmax = scores, None
         if k > 1:
-            logits, argmax = max_over_subcenters(logits, k)  # (B, n/K), fresh tensor
+            z, argmax = scores.view(n // k, k, batch).max(dim=1)  # (n/K, B), fresh tensor
         rows = plan.local_rows
         col = plan.target_col[rows]
         with torch.enable_grad():
-            target_cos = (logits[rows, col] / scale).detach().requires_grad_(True)
+            target_cos = (z[col, rows] / scale).detach().requires_grad_(True)
             target_col = torch.zeros_like(col)
             target_logit = plan.margin(target_cos.unsqueeze(1), target_col).squeeze(1)
         if plan.negative_cos_threshold is not None:
-            logits.masked_fill_(logits > plan.negative_cos_threshold * scale, -math.inf)
-        logits[rows, col] = target_logit.detach()
-        row_max = all_reduce_max(logits.max(dim=1).values, plan.process_group)
-        exp = logits.sub_(row_max.unsqueeze(1)).exp_()  # in place: the buffer now holds exp
-        sum_exp = exp.sum(dim=1)
+            limit = plan.negative_cos_threshold * scale
+            for lo in range(0, z.shape[0], CHUNK_ROWS):  # bounded mask temporary
+                block = z[lo : lo + CHUNK_ROWS]
+                block.masked_fill_(block > limit, -math.inf)
+        z[col, rows] = target_logit.detach()
+        col_max = all_reduce_max(z.amax(dim=0), plan.process_group)  # amax: no indices
+        exp = z.sub_(col_max.unsqueeze(0)).exp_()  # in place: the buffer now holds exp
+        sum_exp = exp.sum(dim=0)
         target = torch.zeros_like(sum_exp)
         target[rows] = target_logit.detach()
         if plan.world_size > 1:
@@ -160,7 +226,7 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
         ctx.save_for_backward(x, w, inv_norm, sum_exp)
         ctx.exp, ctx.argmax, ctx.plan = exp, argmax, plan
         ctx.target_cos, ctx.target_logit, ctx.generation = target_cos, target_logit, plan.generation
-        return torch.log(sum_exp) + row_max - target
+        return torch.log(sum_exp) + col_max - target
 
     @staticmethod
     def backward(ctx, grad_rows):
@@ -168,47 +234,44 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
         if plan.owner.generation != ctx.generation:
             raise RuntimeError(
                 "PartialFC: backward through a stale forward (another forward reused the "
-                "logits buffer); call backward before the next forward"
+                "score buffer); call backward before the next forward"
             )
         x, w, inv_norm, sum_exp = ctx.saved_tensors
         scale = float(plan.margin.scale)
         rows = plan.local_rows
         col = plan.target_col[rows]
-        q = ctx.exp  # (B, A) exp(l - m), becomes dL/dcos in place
+        q = ctx.exp  # (n/K, B) exp(z - m), becomes dL/dcos in place
         coef = grad_rows / sum_exp
-        p_target = q[rows, col] * coef[rows]  # g_i * p_it
-        q.mul_((coef * scale).unsqueeze(1))  # s * g_i * p_ij
+        p_target = q[col, rows] * coef[rows]  # g_i * p_it
+        q.mul_((coef * scale).unsqueeze(0))  # s * g_i * p_ji
         (d_target_cos,) = torch.autograd.grad(
             ctx.target_logit, ctx.target_cos, p_target - grad_rows[rows]
         )
-        q[rows, col] = d_target_cos
-        if ctx.argmax is not None:
+        q[col, rows] = d_target_cos
+        n = plan.rows.numel()
+        if ctx.argmax is not None:  # route each class's gradient to its winning sub-center
             k = plan.num_subcenters
-            full = q.new_zeros(q.shape[0], q.shape[1] * k)
-            full.view(q.shape[0], q.shape[1], k).scatter_(
-                2, ctx.argmax.unsqueeze(2), q.unsqueeze(2)
-            )
+            full = plan.scores_buffer.get(n, q.shape[1]).zero_()
+            full.view(n // k, k, -1).scatter_(1, ctx.argmax.unsqueeze(1), q.unsqueeze(1))
             q = full
-        q.mul_(inv_norm)  # dL/d(x . w_j)
-        grad_x = torch.mm(q, w) if ctx.needs_input_grad[0] else None
-        record = plan.record
-        g = record.grad if record is not None else torch.empty_like(w)
-        torch.mm(q.t(), x, out=g)  # G'_j = inv_j G_j
-        along = _rowwise_dot(g, w).mul_(inv_norm * inv_norm)
-        g.addcmul_(w, along.unsqueeze(1), value=-1.0)
+        grad_x = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
+        grad_w = torch.empty_like(w) if w is not None else None
+        for lo in range(0, n, CHUNK_ROWS):
+            hi = min(lo + CHUNK_ROWS, n)
+            qc = q[lo:hi].mul_(inv_norm[lo:hi].unsqueeze(1))  # dL/d(w_j . x_i)
+            if grad_x is None and grad_w is None:
+                continue
+            wc = plan.read_rows(lo, hi) if w is None else w[lo:hi]
+            if grad_x is not None:
+                grad_x.addmm_(qc.t(), wc)
+            if grad_w is not None:
+                _center_grad_rows(qc, x, wc, inv_norm[lo:hi], out=grad_w[lo:hi])
         ctx.exp = ctx.argmax = None
+        record = plan.record
         if record is not None:
+            record.embeddings, record.coefficients, record.inv_norm = x.detach(), q, inv_norm
             record.grad_ready = True
-            return grad_x, None, None
-        return grad_x, g, None
-
-
-def _rowwise_dot(a: Tensor, b: Tensor, chunk_rows: int = 8192) -> Tensor:
-    """``(a * b).sum(1)`` without an ``a``-sized temporary (chunks of rows)."""
-    out = a.new_empty(a.shape[0])
-    for i in range(0, a.shape[0], chunk_rows):
-        torch.sum(a[i : i + chunk_rows] * b[i : i + chunk_rows], dim=1, out=out[i : i + chunk_rows])
-    return out
+        return grad_x, grad_w, None, None
 
 
 @dataclass
@@ -222,7 +285,9 @@ class _StepPlan:
     negative_cos_threshold: float | None
     local_rows: Tensor  # global-batch rows whose class is in this rank's active set
     target_col: Tensor  # (B,) column of each row's class among the active classes, or -1
-    logits_buffer: ReusableBuffer
+    rows: Tensor  # (n,) active rows of the local table
+    read_rows: object  # (lo, hi) -> float32 rows[lo:hi] (sparse mode)
+    scores_buffer: ReusableBuffer
     record: ActiveRows | None
     process_group: object
     world_size: int
@@ -347,9 +412,9 @@ class PartialFC(nn.Module):
             part = init_center_rows(num_classes, embedding_dim, k, seed, lo, hi, std=init_std)
             table[(lo - self.block.start) * k : (hi - self.block.start) * k].copy_(part)
             lo = hi
-        self._weight_buffer = ReusableBuffer(self.device)
-        self._grad_buffer = ReusableBuffer(self.device)
-        self._logits_buffer = ReusableBuffer(self.device)
+        self._chunk_buffer = ReusableBuffer(self.device)  # CHUNK_ROWS float32 rows
+        self._scores_buffer = ReusableBuffer(self.device)  # (n, B) scores / coefficients
+        self._device_rows_buffer = ReusableBuffer(self.device)  # (n, d), staged tables only
         self.generation = 0  # bumped by every forward; a stale graph refuses to backward
         self._active: ActiveRows | None = None
 
@@ -410,7 +475,8 @@ class PartialFC(nn.Module):
         positives = torch.unique(local)
         if self.budget >= self.block.size:
             return torch.arange(self.block.size, device=labels_all.device)
-        gen = sampling_generator(self.seed, self.sampling_step, self.rank)  # CPU draw
+        # drawn where the labels are (the compute device): no host round trip on GPUs
+        gen = sampling_generator(self.seed, self.sampling_step, self.rank, self.device)
         return sample_active_classes(positives, self.block.size, self.budget, gen)
 
     # ------------------------------------------------------------------ forward
@@ -445,12 +511,14 @@ class PartialFC(nn.Module):
         col = torch.searchsorted(active, (labels_all - start).clamp(0, max(stop - start - 1, 0)))
         target_col = torch.where(is_local, col, torch.full_like(col, -1))
 
-        record = None
+        record, w = None, None
         if self.update == "dense":
             w = self.weight.index_select(0, rows)
         else:
-            w = self.centers.read(rows, self._weight_buffer).detach().requires_grad_(True)
-            record = ActiveRows(self.sampling_step, rows, w, self._grad_buffer.get(*w.shape))
+            cache = None
+            if self.centers.staged:  # host table: one transfer of the active rows per step
+                cache = self.centers.read(rows, self._device_rows_buffer)
+            record = ActiveRows(self.sampling_step, rows, self.centers, weight_cache=cache)
         self.generation += 1
         plan = _StepPlan(
             owner=self,
@@ -460,12 +528,17 @@ class PartialFC(nn.Module):
             negative_cos_threshold=self.negative_cos_threshold,
             local_rows=torch.nonzero(is_local).squeeze(1),
             target_col=target_col,
-            logits_buffer=self._logits_buffer,
+            rows=rows,
+            read_rows=lambda lo, hi: record.read_weight(lo, hi, self._chunk_buffer),
+            scores_buffer=self._scores_buffer,
             record=record,
             process_group=self.process_group,
             world_size=self.world_size,
         )
-        loss = _ShardedMarginSoftmax.apply(x_all, w, plan).mean()
+        # sparse mode: a zero-size leaf that requires grad stands for the centers, so backward
+        # (which fills the record) runs even when the embeddings need no gradient
+        anchor = torch.empty(0, device=self.device, requires_grad=record is not None)
+        loss = _ShardedMarginSoftmax.apply(x_all, w, anchor, plan).mean()
 
         if record is not None and torch.is_grad_enabled():
             if self._active is not None and self._active.grad_ready:

@@ -20,7 +20,8 @@ from torch import Tensor
 __all__ = ["RowTable", "ReusableBuffer", "stochastic_round_to_bfloat16", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
-CHUNK_ROWS = 1 << 15  # rows per staging / rounding chunk (32768 x 512 x 4 B = 64 MiB)
+CHUNK_ROWS = 1 << 11  # rows per layer / optimizer / rounding chunk: 2048 x 512 x 4 B = 4 MiB,
+# small enough that a chunk's rows, gradient and state stay in the last-level cache
 
 
 _NOISE_POOLS: dict[tuple[str, int], Tensor] = {}

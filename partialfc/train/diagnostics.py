@@ -22,6 +22,7 @@ from partialfc.classifier.collectives import (
     all_gather_sizes,
     all_reduce_max,
 )
+from partialfc.classifier.storage import CHUNK_ROWS
 
 
 @torch.no_grad()
@@ -33,19 +34,26 @@ def training_diagnostics(
     if record is None:
         raise RuntimeError("diagnostics need the active rows of the last Partial FC forward")
     pg = head.process_group
-    device = record.weight.device
+    device = head.device
     k = head.num_subcenters
     sizes = [int(s) for s in all_gather_sizes([embeddings.shape[0]], device, pg)[:, 0]]
     x = all_gather_rows_no_grad(F.normalize(embeddings.float().to(device), dim=1), sizes, pg)
     y = all_gather_rows_no_grad(labels.to(device, torch.long), sizes, pg)
 
-    w = F.normalize(record.weight.float(), dim=1)
-    row_class = record.rows.to(device) // k + head.block.start
-    cos = x @ w.t()  # (B, active rows)
-    is_positive = y.unsqueeze(1) == row_class.unsqueeze(0)
+    # max positive / negative cosine per sample over the active rows, a chunk at a time
     neg_inf = torch.tensor(-float("inf"), device=device)
-    positive = all_reduce_max(torch.where(is_positive, cos, neg_inf).amax(dim=1), pg)
-    negative = all_reduce_max(torch.where(is_positive, neg_inf, cos).amax(dim=1), pg)
+    positive = torch.full((x.shape[0],), -float("inf"), device=device)
+    negative = positive.clone()
+    for lo in range(0, record.rows.numel(), CHUNK_ROWS):
+        hi = lo + CHUNK_ROWS
+        w = F.normalize(record.read_weight(lo, hi), dim=1)
+        row_class = record.rows[lo:hi].to(device) // k + head.block.start
+        cos = x @ w.t()  # (B, rows of the chunk)
+        is_positive = y.unsqueeze(1) == row_class.unsqueeze(0)
+        positive = torch.maximum(positive, torch.where(is_positive, cos, neg_inf).amax(dim=1))
+        negative = torch.maximum(negative, torch.where(is_positive, neg_inf, cos).amax(dim=1))
+    positive = all_reduce_max(positive, pg)
+    negative = all_reduce_max(negative, pg)
 
     # MICS over a sample of classes: each rank contributes up to `mics_classes` of its block
     gen = torch.Generator().manual_seed(int(seed) * 7919 + head.rank)

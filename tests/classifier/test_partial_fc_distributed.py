@@ -81,7 +81,9 @@ def _body(rank: int, world: int, ckpt_dir: str) -> dict:
                         init_std=STD)  # fmt: skip
         x, y = _global_batch(0, batch, c)
         loss, gx, rec = _forward_backward(pfc, x, y, sizes, rank)
-        out[name] = dict(loss=loss, grad_x=gx, rows=rec.rows.clone(), grad_w=rec.grad.clone())
+        out[name] = dict(
+            loss=loss, grad_x=gx, rows=rec.rows.clone(), grad_w=rec.center_grad().clone()
+        )
 
     # "sum" convention: the embedding gradient is the plain partial derivative
     pfc = PartialFC(11, D, ArcFaceMargin(0.5, 32.0), seed=SEED, init_std=STD,
@@ -99,7 +101,7 @@ def _body(rank: int, world: int, ckpt_dir: str) -> dict:
         before_m = opt.tables["momentum_buffer"].data.clone()
         x, y = _global_batch(10 + step, batch, c, label_pool=6)
         loss, gx, rec = _forward_backward(pfc, x, y, sizes, rank)
-        rows, grad = rec.rows.clone(), rec.grad.clone()
+        rows, grad = rec.rows.clone(), rec.center_grad().clone()
         opt.step()
         sampled.append(dict(loss=loss, rows=rows, grad=grad, before_w=before_w,
                             before_m=before_m, after_w=pfc.centers.data.clone(),

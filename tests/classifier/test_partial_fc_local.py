@@ -16,7 +16,7 @@ from partialfc.classifier import (
     sample_active_classes,
     sampling_budget,
 )
-from partialfc.classifier.sampling import sampling_generator
+from partialfc.classifier.sampling import _skip_positives, sampling_generator
 from partialfc.classifier.storage import RowTable, stochastic_round_to_bfloat16
 from partialfc.losses.margins import ArcFaceMargin
 from tests.classifier.reference import dense_reference
@@ -55,6 +55,38 @@ def test_sampled_negatives_are_uniform():
     assert counts[0] == 2000
     # each of the 19 negatives is drawn with probability 4/19: expect 421 +- 18 (sd)
     assert (counts[1:] - 2000 * 4 / 19).abs().max() < 80
+
+
+def test_permutation_path_is_uniform_too():
+    # 11 negatives of 19 non-positives: too dense for distinct draws, a permutation is used
+    counts = torch.zeros(20)
+    for step in range(2000):
+        a = sample_active_classes(torch.tensor([7]), 20, 12, sampling_generator(2, step, 0))
+        assert a.numel() == 12 and torch.unique(a).numel() == 12
+        counts[a] += 1
+    assert counts[7] == 2000
+    rest = torch.cat([counts[:7], counts[8:]])
+    assert (rest - 2000 * 11 / 19).abs().max() < 90  # sd ~ 22
+
+
+def test_skip_positives_enumerates_the_non_positives_in_order():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        positives = torch.sort(torch.randperm(n, generator=gen)[: n // 3]).values
+        others = torch.tensor([c for c in range(n) if c not in set(positives.tolist())])
+        draws = torch.arange(others.numel())
+        assert torch.equal(_skip_positives(draws, positives), others)
+
+
+def test_large_block_draw_is_positive_preserving_and_distinct():
+    positives = torch.tensor([0, 5, 99_999, 123_456, 999_999])
+    a = sample_active_classes(positives, 1_000_000, 100_000, sampling_generator(0, 0, 0))
+    assert a.numel() == 100_000 and torch.isin(positives, a).all()
+    assert bool((a[1:] > a[:-1]).all()) and int(a[-1]) < 1_000_000
+    # ten equal slices of the block get ~10,000 each (sd ~ 95)
+    per_slice = torch.bincount(a // 100_000, minlength=10)
+    assert (per_slice - 10_000).abs().max() < 500
 
 
 def test_stochastic_rounding_is_unbiased():
@@ -127,6 +159,56 @@ def test_handshake_step_consumes_rows_once():
     pfc(x, y)  # reuses the logits buffer the first graph needs
     with pytest.raises(RuntimeError, match="stale"):
         stale.backward()
+
+
+@pytest.mark.parametrize("k, threshold", [(1, None), (3, 0.2)])
+def test_chunked_layer_matches_the_dense_reference(monkeypatch, k, threshold):
+    import partialfc.classifier.optim as optim_module
+    import partialfc.classifier.partial_fc as pfc_module
+
+    monkeypatch.setattr(pfc_module, "CHUNK_ROWS", 4)  # many chunks, a short last one
+    monkeypatch.setattr(optim_module, "CHUNK_ROWS", 5)
+    c = 13
+    pfc = PartialFC(c, D, ArcFaceMargin(0.5, 16.0), num_subcenters=k, init_std=0.3, seed=2,
+                    negative_cos_threshold=threshold)  # fmt: skip
+    x, y = _batch(c, b=9, seed=4)
+    x = x.requires_grad_(True)
+    loss = pfc(x, y)
+    loss.backward()
+    w = pfc.local_centers_float32()
+    ref_loss, ref_gx, ref_gw = dense_reference(x, w, y, scale=16.0, m2_rad=0.5,
+                                               num_subcenters=k,
+                                               negative_cos_threshold=threshold)  # fmt: skip
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    torch.testing.assert_close(x.grad.double(), ref_gx, rtol=1e-4, atol=1e-6)
+    record = pfc.active_rows
+    torch.testing.assert_close(record.center_grad().double(), ref_gw, rtol=1e-4, atol=1e-6)
+    # a chunk of rows, with the coupled weight decay folded in
+    part = record.center_grad(5, 11, weight_decay=0.25)
+    torch.testing.assert_close(part.double(), ref_gw[5:11] + 0.25 * w[5:11].double(),
+                               rtol=1e-4, atol=1e-6)  # fmt: skip
+
+
+def test_staged_table_caches_the_active_rows_and_matches(monkeypatch):
+    # a table in another memory (host storage next to a GPU) is read once per step into a
+    # device cache; forced here on CPU, the result equals the direct path bit for bit
+    kw = dict(sample_rate=0.3, init_std=0.3, seed=7, storage_dtype=torch.bfloat16)
+    direct = PartialFC(40, D, ArcFaceMargin(), **kw)
+    staged = PartialFC(40, D, ArcFaceMargin(), **kw)
+    staged.centers.staged = True
+    opts = [RowSparseSGD(m, lr=0.2) for m in (direct, staged)]
+    for step in range(3):
+        x, y = _batch(40, seed=step)
+        losses = []
+        for m, opt in zip((direct, staged), opts, strict=True):
+            loss = m(x, y)
+            loss.backward()
+            if m is staged:
+                assert m.active_rows.weight_cache is not None
+            opt.step()
+            losses.append(loss.item())
+        assert losses[0] == losses[1]
+    assert direct.active_rows is None and torch.equal(direct.centers.data, staged.centers.data)
 
 
 def test_subcenters_of_a_sampled_class_are_all_active():

@@ -495,6 +495,34 @@ def summarize_records(records: list[dict], experiment: str | None = None) -> lis
     return out
 
 
+PAIRED_COLUMNS = COLUMNS[:3]  # TAR@FAR=1e-4, TAR@FAR=1e-3, AUC
+
+
+def paired_differences(records: list[dict], experiment: str, baseline: str) -> list[dict]:
+    """Every row of ``experiment`` minus ``baseline`` *seed by seed*: a seed fixes the
+    initialisation, the batch order and the corruption, so the per-seed difference removes the
+    part of the run-to-run noise the two rows share. One row per (name), in first-seen order:
+    the seeds both rows have, each seed's difference and their mean ± sample std (points)."""
+    ok = [r for r in records if r["experiment"] == experiment and r["status"] == "ok"]
+    base = {r["seed"]: r for r in ok if r["name"] == baseline}
+    if not base:
+        raise ValueError(f"no successful run of {experiment!r} row {baseline!r} in the records")
+    rows: dict[str, dict[int, dict]] = {}
+    for r in ok:
+        if r["name"] != baseline and r["seed"] in base:
+            rows.setdefault(r["name"], {})[r["seed"]] = r
+    out = []
+    for name, by_seed in rows.items():
+        seeds = sorted(by_seed)
+        row = {"name": f"{name} − {baseline}", "seeds": ",".join(map(str, seeds))}
+        for label, key, scale in PAIRED_COLUMNS:
+            deltas = [by_seed[s]["metrics"][key] - base[s]["metrics"][key] for s in seeds]
+            row[f"Δ {label}"] = _fmt(deltas, scale)
+            row[f"Δ {label} per seed"] = " / ".join(f"{d * scale:+.2f}" for d in deltas)
+        out.append(row)
+    return out
+
+
 def _seeds_by_device(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Records grouped by the device they trained on, seeds ascending (devices in order of their
     lowest seed)."""

@@ -234,3 +234,24 @@ def test_seed_list_runs_only_the_chosen_seeds(monkeypatch, capsys):
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):  # either a count or a list, not both
         sampling_rate.main(["--seeds", "2", "--seed-list", "1"])
+
+
+def test_paired_differences_subtract_the_baseline_seed_by_seed():
+    """Seed 0 of A minus seed 0 of the baseline, seed 1 minus seed 1; a seed the baseline
+    lacks is left out; a missing baseline is a ValueError naming it."""
+
+    def rec(name, seed, tar):
+        metrics = {"tar@far=0.0001": tar, "tar@far=0.001": 2 * tar, "auc": 0.9}
+        return {"experiment": "e", "name": name, "seed": seed, "status": "ok", "metrics": metrics}
+
+    records = [rec("FC", 0, 0.20), rec("FC", 1, 0.10), rec("A", 1, 0.13), rec("A", 0, 0.21),
+               rec("A", 2, 0.50), rec("B", 0, 0.10)]  # fmt: skip
+    a, b = common.paired_differences(records, "e", "FC")
+    assert a["name"] == "A − FC" and a["seeds"] == "0,1"
+    assert a["Δ TAR@FAR=1e-4 per seed"] == "+1.00 / +3.00"
+    assert a["Δ TAR@FAR=1e-4"] == f"2.00 ± {np.std([1.0, 3.0], ddof=1):.2f}"
+    assert a["Δ TAR@FAR=1e-3 per seed"] == "+2.00 / +6.00"
+    assert a["Δ AUC %"] == "0.00 ± 0.00"
+    assert b["seeds"] == "0" and b["Δ TAR@FAR=1e-4"] == "-10.00"
+    with pytest.raises(ValueError, match="'C'"):
+        common.paired_differences(records, "e", "C")

@@ -4,9 +4,10 @@ Only the rows that were active in the last forward move, and only their optimize
 changes; every other center and its momentum / moments stay bit-identical (seed 000 Eq. 4:
 "unsampled centers remain in optimizer state"). The handshake is explicit: ``forward`` records
 the active rows, ``backward`` fills the softmax coefficients, ``step()`` consumes the record,
-walking the active rows ``CHUNK_ROWS`` at a time: read the rows and their state, rebuild their
-gradient (one GEMM, :meth:`ActiveRows.center_grad`), update, write back. The working memory is
-a few chunk buffers, independent of the number of classes.
+walking the active rows a chunk at a time (:func:`~partialfc.classifier.storage.chunk_rows`):
+read the rows and their state, rebuild their gradient (one GEMM,
+:meth:`ActiveRows.center_grad`, with the coupled weight decay folded in), update, write back.
+The working memory is a few chunk buffers, independent of the number of classes.
 
 On the active rows the arithmetic is exactly torch's (per row):
 
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from partialfc.classifier.partial_fc import PartialFC
 from partialfc.classifier.sampling import sampling_generator
-from partialfc.classifier.storage import CHUNK_ROWS, ReusableBuffer, RowTable
+from partialfc.classifier.storage import ReusableBuffer, RowTable, chunk_rows
 
 __all__ = ["RowSparseSGD", "RowSparseAdamW", "RowSparseOptimizer"]
 
@@ -93,8 +94,9 @@ class RowSparseOptimizer(torch.optim.Optimizer):
         if pfc.device.type != "cpu":  # rounding happens where the rows are updated
             gen = torch.Generator(device=pfc.device).manual_seed(gen.initial_seed())
         group = self.param_groups[0]
-        for lo in range(0, record.rows.numel(), CHUNK_ROWS):  # bounded scratch, cache-sized
-            hi = min(lo + CHUNK_ROWS, record.rows.numel())
+        step = chunk_rows(pfc.device)  # bounded scratch, cache-sized on CPUs
+        for lo in range(0, record.rows.numel(), step):
+            hi = min(lo + step, record.rows.numel())
             rows = record.rows[lo:hi]
             weight = record.read_weight(lo, hi, self._weight_scratch)
             decay = self._coupled_weight_decay(group)

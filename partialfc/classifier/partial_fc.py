@@ -58,7 +58,12 @@ from partialfc.classifier.sampling import (
     sampling_generator,
 )
 from partialfc.classifier.sharding import class_block
-from partialfc.classifier.storage import CHUNK_ROWS, SUPPORTED_DTYPES, ReusableBuffer, RowTable
+from partialfc.classifier.storage import (
+    SUPPORTED_DTYPES,
+    ReusableBuffer,
+    RowTable,
+    chunk_rows,
+)
 from partialfc.losses.margins import CombinedMargin
 
 __all__ = ["PartialFC", "ActiveRows", "init_center_rows"]
@@ -175,8 +180,9 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
     """Per-row loss ``log S_i + m_i - t_i`` of the exact softmax over all ranks' active rows.
 
     The scores are kept transposed, ``(n, B)``, in one reused buffer, so that every chunk of
-    ``CHUNK_ROWS`` active rows is read (from the table, converted to float32) into a small
-    buffer and meets the batch in one GEMM writing a contiguous block: ``z = s * (w x^T) / |w|``.
+    ``plan.chunk_rows`` active rows (2048 on CPUs) is read (from the table, converted to
+    float32) into a small buffer and meets the batch in one GEMM writing a contiguous block:
+    ``z = s * (w x^T) / |w|``.
     Then the margin on the B target entries (the margin module itself on a ``(B, 1)`` slice: its
     non-target output is ``s * cos`` by contract), PFC* masking, all-reduced max over classes,
     ``exp`` in place, all-reduced sum. Backward rebuilds ``d loss / d cos`` in the same buffer
@@ -193,8 +199,9 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
         scale = float(plan.margin.scale)
         inv_norm = x.new_empty(n)
         scores = plan.scores_buffer.get(n, batch)
-        for lo in range(0, n, CHUNK_ROWS):
-            hi = min(lo + CHUNK_ROWS, n)
+        step = plan.chunk_rows
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
             wc = plan.read_rows(lo, hi) if w is None else w[lo:hi]
             inv = torch.linalg.vector_norm(wc, dim=1).clamp_min_(1e-12).reciprocal_()
             inv_norm[lo:hi] = inv
@@ -210,8 +217,8 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
             target_logit = plan.margin(target_cos.unsqueeze(1), target_col).squeeze(1)
         if plan.negative_cos_threshold is not None:
             limit = plan.negative_cos_threshold * scale
-            for lo in range(0, z.shape[0], CHUNK_ROWS):  # bounded mask temporary
-                block = z[lo : lo + CHUNK_ROWS]
+            for lo in range(0, z.shape[0], step):  # bounded mask temporary
+                block = z[lo : lo + step]
                 block.masked_fill_(block > limit, -math.inf)
         z[col, rows] = target_logit.detach()
         col_max = all_reduce_max(z.amax(dim=0), plan.process_group)  # amax: no indices
@@ -256,8 +263,9 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
             q = full
         grad_x = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(w) if w is not None else None
-        for lo in range(0, n, CHUNK_ROWS):
-            hi = min(lo + CHUNK_ROWS, n)
+        step = plan.chunk_rows
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
             qc = q[lo:hi].mul_(inv_norm[lo:hi].unsqueeze(1))  # dL/d(w_j . x_i)
             if grad_x is None and grad_w is None:
                 continue
@@ -288,6 +296,7 @@ class _StepPlan:
     rows: Tensor  # (n,) active rows of the local table
     read_rows: object  # (lo, hi) -> float32 rows[lo:hi] (sparse mode)
     scores_buffer: ReusableBuffer
+    chunk_rows: int
     record: ActiveRows | None
     process_group: object
     world_size: int
@@ -412,7 +421,7 @@ class PartialFC(nn.Module):
             part = init_center_rows(num_classes, embedding_dim, k, seed, lo, hi, std=init_std)
             table[(lo - self.block.start) * k : (hi - self.block.start) * k].copy_(part)
             lo = hi
-        self._chunk_buffer = ReusableBuffer(self.device)  # CHUNK_ROWS float32 rows
+        self._chunk_buffer = ReusableBuffer(self.device)  # one chunk of float32 rows
         self._scores_buffer = ReusableBuffer(self.device)  # (n, B) scores / coefficients
         self._device_rows_buffer = ReusableBuffer(self.device)  # (n, d), staged tables only
         self.generation = 0  # bumped by every forward; a stale graph refuses to backward
@@ -531,6 +540,7 @@ class PartialFC(nn.Module):
             rows=rows,
             read_rows=lambda lo, hi: record.read_weight(lo, hi, self._chunk_buffer),
             scores_buffer=self._scores_buffer,
+            chunk_rows=chunk_rows(self.device),
             record=record,
             process_group=self.process_group,
             world_size=self.world_size,

@@ -17,11 +17,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["RowTable", "ReusableBuffer", "stochastic_round_to_bfloat16", "SUPPORTED_DTYPES"]
+__all__ = [
+    "RowTable",
+    "ReusableBuffer",
+    "stochastic_round_to_bfloat16",
+    "chunk_rows",
+    "SUPPORTED_DTYPES",
+]
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
-CHUNK_ROWS = 1 << 11  # rows per layer / optimizer / rounding chunk: 2048 x 512 x 4 B = 4 MiB,
+CHUNK_ROWS = 1 << 11  # CPU rows per layer / optimizer / rounding chunk: 2048 x 512 x 4 B = 4 MiB,
 # small enough that a chunk's rows, gradient and state stay in the last-level cache
+DEVICE_CHUNK_ROWS = 1 << 16  # accelerators: few large kernels (launch cost, not cache, matters)
+
+
+def chunk_rows(device) -> int:
+    """Rows per chunk of the layer, the optimizer and compact-dtype conversions on ``device``."""
+    return CHUNK_ROWS if torch.device(device).type == "cpu" else DEVICE_CHUNK_ROWS
 
 
 _NOISE_POOLS: dict[tuple[str, int], Tensor] = {}
@@ -121,7 +133,7 @@ class RowTable:
     def read(self, rows: Tensor, out: ReusableBuffer | None = None) -> Tensor:
         """Float32 copy of ``data[rows]`` on the compute device, in a reused buffer.
 
-        Conversions go through a staging buffer of at most ``CHUNK_ROWS`` rows, so a compact
+        Conversions go through a staging buffer of at most :func:`chunk_rows` rows, so a compact
         table never needs a full-size temporary in its own dtype.
         """
         n, dim = rows.numel(), self.data.shape[1]
@@ -130,8 +142,9 @@ class RowTable:
         if not self.staged and self.dtype == torch.float32:
             torch.index_select(self.data, 0, rows_s, out=dest)
             return dest
-        for i in range(0, n, CHUNK_ROWS):
-            part = rows_s[i : i + CHUNK_ROWS]
+        step = chunk_rows(self.compute_device)
+        for i in range(0, n, step):
+            part = rows_s[i : i + step]
             stage = self._staging.get(part.numel(), dim)
             torch.index_select(self.data, 0, part, out=stage)
             dest[i : i + part.numel()].copy_(stage)
@@ -147,8 +160,9 @@ class RowTable:
             self.data.index_copy_(0, rows_s, values)
             return
         values = values.contiguous()
-        for i in range(0, rows_s.numel(), CHUNK_ROWS):
-            part = values[i : i + CHUNK_ROWS]
+        step = chunk_rows(self.compute_device)
+        for i in range(0, rows_s.numel(), step):
+            part = values[i : i + step]
             if self.dtype == torch.bfloat16:
                 part = stochastic_round_to_bfloat16(part, generator)
             if part.device != self.storage_device or part.dtype != self.dtype:

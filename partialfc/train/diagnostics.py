@@ -22,7 +22,7 @@ from partialfc.classifier.collectives import (
     all_gather_sizes,
     all_reduce_max,
 )
-from partialfc.classifier.storage import CHUNK_ROWS
+from partialfc.classifier.storage import chunk_rows
 
 
 @torch.no_grad()
@@ -44,8 +44,9 @@ def training_diagnostics(
     neg_inf = torch.tensor(-float("inf"), device=device)
     positive = torch.full((x.shape[0],), -float("inf"), device=device)
     negative = positive.clone()
-    for lo in range(0, record.rows.numel(), CHUNK_ROWS):
-        hi = lo + CHUNK_ROWS
+    step = chunk_rows(device)
+    for lo in range(0, record.rows.numel(), step):
+        hi = lo + step
         w = F.normalize(record.read_weight(lo, hi), dim=1)
         row_class = record.rows[lo:hi].to(device) // k + head.block.start
         cos = x @ w.t()  # (B, rows of the chunk)

@@ -163,11 +163,9 @@ def test_handshake_step_consumes_rows_once():
 
 @pytest.mark.parametrize("k, threshold", [(1, None), (3, 0.2)])
 def test_chunked_layer_matches_the_dense_reference(monkeypatch, k, threshold):
-    import partialfc.classifier.optim as optim_module
-    import partialfc.classifier.partial_fc as pfc_module
+    import partialfc.classifier.storage as storage_module
 
-    monkeypatch.setattr(pfc_module, "CHUNK_ROWS", 4)  # many chunks, a short last one
-    monkeypatch.setattr(optim_module, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(storage_module, "CHUNK_ROWS", 4)  # many chunks, a short last one
     c = 13
     pfc = PartialFC(c, D, ArcFaceMargin(0.5, 16.0), num_subcenters=k, init_std=0.3, seed=2,
                     negative_cos_threshold=threshold)  # fmt: skip
@@ -224,9 +222,9 @@ def test_subcenters_of_a_sampled_class_are_all_active():
 
 
 def test_rowsparse_sgd_at_rate_one_matches_dense_mode_with_torch_sgd(monkeypatch):
-    import partialfc.classifier.optim as optim_module
+    import partialfc.classifier.storage as storage_module
 
-    monkeypatch.setattr(optim_module, "CHUNK_ROWS", 7)  # exercise the chunked update loop
+    monkeypatch.setattr(storage_module, "CHUNK_ROWS", 7)  # exercise the chunked update loop
     sparse = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3)
     dense = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3, update="dense")
     opt_s = RowSparseSGD(sparse, lr=0.2, momentum=0.9, weight_decay=5e-4, nesterov=True)

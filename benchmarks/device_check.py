@@ -78,7 +78,11 @@ def _pfc_step(
     storage_device=None,
     process_group=None,
     steps=2,
+    active_classes=None,
 ):
+    """Two training steps; returns losses, the last embedding gradient, the centers and the
+    active classes of each step. ``active_classes`` (from another run) replaces the sampling,
+    so a CPU reference uses exactly the classes the CUDA run drew (the generators differ)."""
     pfc = PartialFC(
         num_classes,
         dim,
@@ -91,16 +95,20 @@ def _pfc_step(
         storage_device=storage_device,
         process_group=process_group,
     )
+    if active_classes is not None:
+        forced = iter(active_classes)
+        pfc._select_active_classes = lambda labels_all: next(forced).to(labels_all.device)
     opt = RowSparseSGD(pfc, lr=0.1, momentum=0.9, weight_decay=5e-4)
-    losses = []
+    losses, drawn = [], []
     for _ in range(steps):
         xe = x.to(device).clone().requires_grad_(True)
         loss = pfc(xe, y.to(device))
         loss.backward()
+        drawn.append((pfc.active_rows.rows.view(-1, k)[:, 0] // k).cpu())
         opt.step()
         opt.zero_grad()
         losses.append(float(loss))
-    return losses, xe.grad.detach().cpu(), pfc.local_centers_float32().cpu()
+    return losses, xe.grad.detach().cpu(), pfc.local_centers_float32().cpu(), drawn
 
 
 def _max_diff(a, b):
@@ -124,8 +132,9 @@ def check_pfc_cuda_vs_cpu():
             (0.1, 1, torch.float32, "cpu"),
             (0.1, 1, torch.bfloat16, None),
         ):
-            ref = _pfc_step("cpu", c, d, x, y, make(), rate, k, storage_dtype)
             got = _pfc_step("cuda", c, d, x, y, make(), rate, k, storage_dtype, storage_device)
+            ref = _pfc_step("cpu", c, d, x, y, make(), rate, k, storage_dtype,
+                            active_classes=got[3])  # fmt: skip
             diff = {
                 "loss": max(abs(p - q) for p, q in zip(ref[0], got[0], strict=True)),
                 "emb_grad": _max_diff(ref[1], got[1]),
@@ -163,7 +172,7 @@ def _rank_worker(rank, world, backend, init_file, x, y, queue):
         )
         per = x.shape[0] // world
         xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
-        losses, grad, _ = _pfc_step(device, 1000, 64, xs, ys, ArcFaceMargin(), 1.0, steps=2)
+        losses, grad, _, _ = _pfc_step(device, 1000, 64, xs, ys, ArcFaceMargin(), 1.0, steps=2)
         # world > 1 scales the embedding gradient by N (DDP mean convention); undo it here
         queue.put((rank, "ok", (losses, grad / world)))
         dist.destroy_process_group()
@@ -175,7 +184,7 @@ def _compare_ranks_with_one_process(backend: str, world: int, seed: int) -> dict
     """N ranks over ``backend`` against one process with the concatenated batch."""
     torch.manual_seed(seed)
     x, y = torch.randn(64 * world, 64), torch.randint(0, 1000, (64 * world,))
-    ref_loss, ref_grad, _ = _pfc_step("cuda", 1000, 64, x, y, ArcFaceMargin(), 1.0, steps=2)
+    ref_loss, ref_grad, _, _ = _pfc_step("cuda", 1000, 64, x, y, ArcFaceMargin(), 1.0, steps=2)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:

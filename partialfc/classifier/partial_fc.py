@@ -65,6 +65,7 @@ from partialfc.classifier.storage import (
     chunk_rows,
 )
 from partialfc.losses.margins import CombinedMargin
+from partialfc.losses.subcenter import max_over_subcenters
 
 __all__ = ["PartialFC", "ActiveRows", "init_center_rows"]
 
@@ -208,7 +209,7 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
             torch.mm(wc, x.t(), out=scores[lo:hi]).mul_(inv.mul_(scale).unsqueeze(1))
         z, argmax = scores, None
         if k > 1:
-            z, argmax = scores.view(n // k, k, batch).max(dim=1)  # (n/K, B), fresh tensor
+            z, argmax = max_over_subcenters(scores, k, class_dim=0)  # (n/K, B), fresh tensor
         rows = plan.local_rows
         col = plan.target_col[rows]
         with torch.enable_grad():

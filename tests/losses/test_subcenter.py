@@ -26,6 +26,18 @@ def test_matches_loop_reference():
             assert argmax[i, c] == int(block.argmax())
 
 
+def test_transposed_layout_gives_the_transposed_result():
+    # Partial FC keeps scores as (N*K, B): class_dim=0 must equal the (B, N*K) result, transposed
+    cos = torch.tensor([[0.1, 0.9, 0.2, -0.5, -0.1, -0.3], [0.7, 0.0, 0.8, 0.4, 0.6, 0.5]])
+    max_t, argmax_t = max_over_subcenters(cos.t().contiguous(), 3, class_dim=0)
+    torch.testing.assert_close(max_t, torch.tensor([[0.9, 0.8], [-0.1, 0.6]]))
+    assert argmax_t.tolist() == [[1, 2], [1, 1]]
+    with pytest.raises(ValueError, match="dim 0, not a multiple of num_subcenters=4"):
+        max_over_subcenters(cos.t().contiguous(), 4, class_dim=0)
+    with pytest.raises(ValueError, match="class_dim must be 0 or 1"):
+        max_over_subcenters(cos, 3, class_dim=2)
+
+
 def test_single_subcenter_is_identity():
     cos = torch.randn(3, 4)
     max_cos, argmax = max_over_subcenters(cos, 1)

@@ -71,20 +71,29 @@ class OmniglotSet:
 def load_omniglot(
     split: str = "background", size: int = 28, root: str | os.PathLike | None = None
 ) -> OmniglotSet:
-    """Omniglot ``split`` ("background": 964 classes, "evaluation": 659) at ``size`` 28 or 105.
+    """Omniglot ``split`` ("background": 964 classes, "evaluation": 659) at ``size`` × ``size``.
 
-    Default root: the bundled copy for size 28, ``../shared/data/omniglot`` for size 105.
+    Size 28 reads ``omniglot_28.npz``; every other size reads the 105×105 originals
+    (``omniglot_105.npz``) and resizes them with Pillow's LANCZOS filter, as the 28×28 copy and
+    the one-shot runs (:func:`load_omniglot_one_shot_runs`) are made. Default root: the bundled
+    copy when it holds the file, else ``../shared/data/omniglot``.
     """
     if split not in ("background", "evaluation"):
         raise ValueError(f"split must be 'background' or 'evaluation', got {split!r}")
-    if size not in (28, 105):
-        raise ValueError(f"size must be 28 or 105, got {size!r}")
-    default_dir = BUNDLED_OMNIGLOT if size == 28 else shared_data_root() / "omniglot"
-    data = _load_npz(_npz_path(root, default_dir, f"omniglot_{size}.npz"))
+    if not isinstance(size, int) or not 8 <= size <= 105:
+        raise ValueError(f"size must be an integer in [8, 105] pixels, got {size!r}")
+    filename = "omniglot_28.npz" if size == 28 else "omniglot_105.npz"
+    default_dir = BUNDLED_OMNIGLOT
+    if not (default_dir / filename).is_file():
+        default_dir = shared_data_root() / "omniglot"
+    data = _load_npz(_npz_path(root, default_dir, filename))
     keep = data["is_background"] if split == "background" else ~data["is_background"]
     images = data["images"][keep]  # (C, 20, H, W), 255 = paper
     num_classes, per_class = images.shape[:2]
-    images = 255 - images.reshape(num_classes * per_class, *images.shape[2:])
+    images = images.reshape(num_classes * per_class, *images.shape[2:])
+    if images.shape[-1] != size:
+        images = _resize_lanczos(images, size)
+    images = 255 - images
     labels = np.repeat(np.arange(num_classes, dtype=np.int64), per_class)
     alphabet_names = [str(a) for a in data["alphabet_names"]]
     return OmniglotSet(
@@ -93,6 +102,16 @@ def load_omniglot(
         class_names=[str(c) for c in data["class_names"][keep]],
         alphabets=[alphabet_names[a] for a in data["alphabet"][keep]],
     )
+
+
+def _resize_lanczos(images: np.ndarray, size: int) -> np.ndarray:
+    """``(N, H, W)`` uint8 → ``(N, size, size)`` with Pillow LANCZOS (the file convention)."""
+    from PIL import Image
+
+    out = np.empty((len(images), size, size), dtype=np.uint8)
+    for i, image in enumerate(images):
+        out[i] = np.asarray(Image.fromarray(image).resize((size, size), Image.LANCZOS))
+    return out
 
 
 @dataclass

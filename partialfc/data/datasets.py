@@ -224,3 +224,41 @@ class ListFileDataset(FileListDataset):
     ):
         paths, labels = read_list_file(list_path, root, remap_labels)
         super().__init__(paths, labels, transform, **kwargs)
+
+
+class QuarterTurnClasses(Dataset):
+    """Each image turned by ``k · 360/turns`` degrees becomes an image of a new class.
+
+    Item ``i`` is item ``i mod N`` of ``dataset`` rotated counter-clockwise by ``k`` quarter
+    (``turns=4``) or half (``turns=2``) turns, ``k = i div N``, with label ``label + k · C``
+    (``C = dataset.num_classes``). The standard class augmentation of the few-shot literature
+    for Omniglot (Santoro et al., ICML 2016, §4.1; Vinyals et al., NeurIPS 2016, §4.1.1):
+    a character turned on its side is a different character. ``turns=1`` is the dataset as is.
+    """
+
+    def __init__(self, dataset, turns: int = 4):
+        if turns not in (1, 2, 4):
+            raise ValueError(
+                f"turns must be 1, 2 or 4 (rotations by multiples of 90°), got {turns}"
+            )
+        self.dataset = dataset
+        self.turns = int(turns)
+        self.base_classes = int(dataset.num_classes)
+        base = np.asarray(dataset.labels, dtype=np.int64)
+        self.labels = np.concatenate([base + k * self.base_classes for k in range(self.turns)])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def num_classes(self) -> int:
+        return self.base_classes * self.turns
+
+    def __getitem__(self, index: int):
+        n = len(self.dataset)
+        k, base_index = divmod(int(index), n)
+        item = self.dataset[base_index]
+        image = item[0]
+        if k:
+            image = torch.rot90(image, k * (4 // self.turns), dims=(-2, -1)).contiguous()
+        return (image, int(self.labels[index]), *item[2:])

@@ -57,6 +57,9 @@ class DataConfig:
     # With P×K batches, batch_size must equal pk_identities · pk_images.
     pk_identities: int = 0
     pk_images: int = 0
+    # 4 = every image turned by 90°, 180° and 270° is an image of a new class (Omniglot's
+    # standard class augmentation: 964 -> 3,856 classes); 2 = 180° only; 1 = off
+    rotation_classes: int = 1
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
 
@@ -160,6 +163,9 @@ class EvalConfig:
     at_end: bool = True
     batch_size: int = 256
     flip_test: bool = False
+    # test-time augmentation: average the embeddings of each image and of its copies moved
+    # this many pixels up/down/left/right (0 = off; 5x the embedding cost)
+    shift_average_px: int = 0
 
 
 @dataclass
@@ -348,6 +354,7 @@ _CHOICES = {
     "head.storage_dtype": ("float32", "bfloat16", "float16"),
     "head.storage_device": ("compute", "cpu"),
     "loss.triplet_mining": ("semihard", "batch_hard", "all"),
+    "data.rotation_classes": (1, 2, 4),
 }
 
 
@@ -357,7 +364,7 @@ def validate(cfg: Config) -> Config:
         section, key = dotted.split(".")
         value = getattr(getattr(cfg, section), key)
         if value not in choices:
-            raise ConfigError(f"{dotted}={value!r}: choose one of {', '.join(choices)}")
+            raise ConfigError(f"{dotted}={value!r}: choose one of {', '.join(map(str, choices))}")
     checks = [
         ("data.batch_size", cfg.data.batch_size >= 1),
         ("data.num_workers", cfg.data.num_workers >= 0),
@@ -371,6 +378,7 @@ def validate(cfg: Config) -> Config:
         ("train.diagnostics_every", cfg.train.diagnostics_every >= 0),
         ("checkpoint.every_steps", cfg.checkpoint.every_steps >= 0),
         ("eval.every_steps", cfg.eval.every_steps >= 0),
+        ("eval.shift_average_px", 0 <= cfg.eval.shift_average_px < cfg.data.input_size // 2),
         ("schedule.warmup_epochs", 0 <= cfg.schedule.warmup_epochs < cfg.train.epochs),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1),
         ("loss.classifier_weight", cfg.loss.classifier_weight >= 0),

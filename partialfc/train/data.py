@@ -59,20 +59,28 @@ class EpochSeededDataset(Dataset):
 
 
 def build_train_set(cfg: DataConfig):
-    """The labelled training set named by ``cfg.source`` (un-augmented)."""
+    """The labelled training set named by ``cfg.source`` (un-augmented), with its rotated
+    copies as extra classes when ``cfg.rotation_classes`` > 1."""
+    base = _build_source(cfg)
+    if cfg.rotation_classes == 1:
+        return base
+    from partialfc.data.datasets import QuarterTurnClasses
+
+    try:
+        return QuarterTurnClasses(base, cfg.rotation_classes)
+    except ValueError as err:
+        raise ValueError(f"data.rotation_classes: {err}") from None
+
+
+def _build_source(cfg: DataConfig):
     if cfg.source == "omniglot":
         from partialfc.data.arrays import load_omniglot
         from partialfc.data.datasets import ArrayDataset
 
-        split = load_omniglot(
-            "background",
-            size=cfg.input_size if cfg.input_size == 105 else 28,
-            root=cfg.path or None,
-        )
-        if split.images.shape[-1] != cfg.input_size:
-            raise ValueError(
-                f"data.input_size={cfg.input_size}: Omniglot comes at 28 (bundled) or 105"
-            )
+        try:
+            split = load_omniglot("background", size=cfg.input_size, root=cfg.path or None)
+        except ValueError as err:
+            raise ValueError(f"data.input_size={cfg.input_size}: {err}") from None
         return ArrayDataset(split.images, split.labels)
     if cfg.source == "npz":
         import numpy as np

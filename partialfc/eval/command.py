@@ -30,7 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--omniglot-one-shot", action="store_true", help="Lake's 20-way one-shot runs"
     )
-    parser.add_argument("--omniglot-size", type=int, default=28, choices=(28, 105))
+    parser.add_argument(
+        "--omniglot-size",
+        type=int,
+        default=28,
+        help="side of the Omniglot images in pixels (28 = the bundled copy; other sizes are "
+        "resized from the 105x105 originals); default: 28",
+    )
     parser.add_argument(
         "--orl",
         nargs="?",
@@ -43,6 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--ijb-name", default="IJBC", choices=("IJBB", "IJBC"))
     parser.add_argument("--no-flip", action="store_true", help="disable the flip test")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--shift-average",
+        type=int,
+        default=0,
+        metavar="PX",
+        help="average each embedding with those of the image moved PX pixels up/down/left/right "
+        "(test-time augmentation, 5x the cost); default: 0 = off",
+    )
 
 
 def build_protocols(args: argparse.Namespace) -> list:
@@ -79,13 +93,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from partialfc.deploy.embedder import Embedder
 
-    from .embedding import with_input_size
+    from .embedding import with_input_size, with_shift_averaging
     from .protocols import Ijb
 
     embedder = Embedder.load(args.model)
     # raw (un-normalised) embeddings: protocols normalise, templates pool raw vectors first
     embed_fn = embedder.embed_raw if hasattr(embedder, "embed_raw") else embedder.embed
     input_size = getattr(getattr(embedder, "spec", None), "input_size", None)
+    if args.shift_average < 0:
+        print(
+            f"partialfc eval: --shift-average must be >= 0 pixels, got {args.shift_average}",
+            file=sys.stderr,
+        )
+        return 2
+    embed_fn = with_shift_averaging(embed_fn, args.shift_average)
     if input_size is not None:  # protocol images come at their stored size
         embed_fn = with_input_size(embed_fn, input_size)
         for protocol in protocols:
@@ -96,7 +117,11 @@ def run(args: argparse.Namespace) -> int:
         protocols,
         args.out,
         title=f"Evaluation of {args.model}",
-        meta={"model": str(args.model), "flip_test": not args.no_flip},
+        meta={
+            "model": str(args.model),
+            "flip_test": not args.no_flip,
+            "shift_average_px": args.shift_average,
+        },
     )
     print(f"report written to {args.out}/report.md")
     return 0

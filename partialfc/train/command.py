@@ -97,7 +97,11 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     evaluator = None
     if cfg.eval.protocols and (cfg.eval.at_end or cfg.eval.every_steps) and not args.no_eval:
         evaluator = Evaluator.from_names(
-            cfg.eval.protocols, cfg.data.input_size, cfg.eval.flip_test, cfg.eval.batch_size
+            cfg.eval.protocols,
+            cfg.data.input_size,
+            cfg.eval.flip_test,
+            cfg.eval.batch_size,
+            shift_average_px=cfg.eval.shift_average_px,
         )
     try:
         ctx = setup_distributed(cfg.train.device)

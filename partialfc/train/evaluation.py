@@ -70,20 +70,34 @@ def summarize(reports: list) -> dict:
 class Evaluator:
     """``evaluator(embed_fn, out_dir) -> summary``: runs the protocols, writes the report."""
 
-    def __init__(self, protocols: list, log=print):
+    def __init__(self, protocols: list, log=print, shift_average_px: int = 0):
         if not protocols:
             raise ValueError("Evaluator needs at least one protocol")
+        if shift_average_px < 0:
+            raise ValueError(f"eval.shift_average_px must be >= 0 pixels, got {shift_average_px}")
         self.protocols = list(protocols)
         self.log = log
+        self.shift_average_px = int(shift_average_px)
         self.reports: list = []
 
     @classmethod
-    def from_names(cls, names: list[str], input_size: int, flip: bool, batch_size: int, log=print):
-        return cls(build_protocols(names, input_size, flip, batch_size), log=log)
+    def from_names(
+        cls,
+        names: list[str],
+        input_size: int,
+        flip: bool,
+        batch_size: int,
+        log=print,
+        shift_average_px: int = 0,
+    ):
+        protocols = build_protocols(names, input_size, flip, batch_size)
+        return cls(protocols, log=log, shift_average_px=shift_average_px)
 
     def __call__(self, embed_fn, out_dir: Path, title: str = "Verification", meta=None) -> dict:
         from partialfc.eval import evaluate_model
+        from partialfc.eval.embedding import with_shift_averaging
 
+        embed_fn = with_shift_averaging(embed_fn, self.shift_average_px)
         self.reports = evaluate_model(
             embed_fn, self.protocols, out_dir, title=title, meta=meta, log=self.log
         )

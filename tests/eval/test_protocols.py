@@ -239,3 +239,38 @@ def test_eval_command_with_a_stand_in_embedder(monkeypatch, tmp_path, shared_dat
     )
     assert json.loads((out / "results.json").read_text())["meta"]["model"] == "model.onnx"
     assert main(["eval", "model.onnx", "--out", str(out)]) == 2  # no protocol chosen
+
+
+def test_shift_averaging_means_the_normalised_embeddings_of_five_copies():
+    from partialfc.eval.embedding import shift_image_batch, with_shift_averaging
+
+    images = np.zeros((2, 5, 5), dtype=np.uint8)
+    images[0, 2, 2] = 200
+    images[1, 0, 4] = 100
+    moved = shift_image_batch(images, 1, -1)  # one row down, one column left
+    assert moved[0, 3, 1] == 200 and moved[0].sum() == 200
+    assert moved[1, 1, 3] == 100 and moved[1].sum() == 100
+    np.testing.assert_array_equal(shift_image_batch(images, 0, -4)[1, 0, 0], 100)
+    assert shift_image_batch(images, 0, 4)[1].sum() == 0  # moved out of the frame
+
+    def embed(batch):  # 2-d embedding: ink centre of mass (row, column), plus one
+        rows, cols = np.indices(batch.shape[1:])
+        mass = batch.reshape(len(batch), -1).astype(np.float64).sum(1) + 1e-9
+        r = (batch * rows).reshape(len(batch), -1).sum(1) / mass
+        c = (batch * cols).reshape(len(batch), -1).sum(1) / mass
+        return np.stack([r + 1, c + 1], 1)
+
+    averaged = with_shift_averaging(embed, 1)(images)
+    expected = []
+    for image in images:
+        total = np.zeros(2)
+        for dy, dx in ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)):
+            e = embed(shift_image_batch(image[None], dy, dx))[0]
+            total += e / np.linalg.norm(e)
+        expected.append(total / 5)
+    np.testing.assert_allclose(averaged, np.array(expected), rtol=1e-6)
+    assert with_shift_averaging(embed, 0) is embed
+    with pytest.raises(ValueError, match="shift_px must be >= 0"):
+        with_shift_averaging(embed, -1)
+    with pytest.raises(ValueError, match="does not fit 5x5"):
+        shift_image_batch(images, 5, 0)

@@ -1,10 +1,13 @@
-"""1:N identification: closed-set CMC and open-set FNIR at FPIR (seed 001, ch. 6).
+"""1:N identification: closed-set CMC and open-set FNIR at FPIR.
 
 Ranks count *identities*, not gallery rows: a probe's mated rank is 1 + the number of other
 identities whose best score is ``>=`` the best mated score (ties count against the probe).
-Open-set: the threshold comes from the top-1 scores of non-mated probes alone (FPIR =
-fraction of non-mated searches returning anything at or above it); a mated search is a miss
-(FNIR) unless its mated identity is at rank ≤ R with a score at or above the threshold.
+
+Open-set: the threshold comes from the top-1 scores of the ``n`` non-mated probes alone, with
+the TAR@FAR rule of :mod:`partialfc.eval.tar_at_far`: ``k = floor(FPIR · n)`` and the threshold
+just above the ``(k+1)``-th highest non-mated score, the lowest one that lets at most ``k``
+non-mated searches return anything at or above it. A mated search is a miss (FNIR) unless its
+mated identity is at rank ≤ R with a score ``>=`` the threshold.
 """
 
 from __future__ import annotations
@@ -157,7 +160,8 @@ def open_set_identification(
         chosen = threshold_from_top_impostors(
             top_descending(top, k + 1), top.size, fpir, what="non-mated probes"
         )
-        hit = (mated.ranks >= 1) & (mated.ranks <= rank) & (mated.mated_scores >= chosen.threshold)
+        mated_scores = np.asarray(mated.mated_scores, dtype=np.float64)
+        hit = (mated.ranks >= 1) & (mated.ranks <= rank) & (mated_scores >= chosen.threshold)
         points.append(
             OpenSetPoint(
                 target_fpir=float(fpir),

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from partialfc.eval import identification_report
 from partialfc.eval.identification import (
     cmc,
     cmc_from_ranks,
@@ -48,6 +49,31 @@ def test_rank_counts_identities_and_ties_count_against():
     m = mated_search(sim, [0, 7], [0, 0, 1, 2])
     assert m.ranks.tolist() == [2, 0]  # tie -> rank 2; id 7 not enrolled -> 0
     assert m.mated_scores[0] == pytest.approx(0.6)
+
+
+def test_scores_are_compared_in_their_own_precision():
+    # distinct in float64, equal once rounded to float32
+    sim = np.array([[0.30000001, 0.30000002]])
+    assert np.float32(sim[0, 0]) == np.float32(sim[0, 1])
+    assert mated_search(sim, [1], [0, 1]).ranks.tolist() == [1]
+    assert mated_search(sim, [0], [0, 1]).ranks.tolist() == [2]
+    assert mated_search(sim, [1], [0, 1]).mated_scores.dtype == np.float64
+    # float32 scores are compared as float32: there the two are a tie, counted against
+    assert mated_search(sim.astype(np.float32), [1], [0, 1]).ranks.tolist() == [2]
+    assert cmc(sim, [1], [0, 1], max_rank=2).hits.tolist() == [1, 1]
+
+
+def test_identification_report_keeps_float64_embeddings():
+    # the probe's cosines to its own identity (1) and to the other (1 - 5e-11) round to the
+    # same float32 value
+    delta = 1e-5
+    gallery = np.array([[1.0, 0.0], [np.cos(delta), np.sin(delta)]])
+    probe = np.array([[1.0, 0.0]])
+    r = identification_report("t", gallery, [0, 1], probe, [0], max_rank=2)
+    assert r.cmc.hits.tolist() == [1, 1]
+    g32, p32 = gallery.astype(np.float32), probe.astype(np.float32)
+    r32 = identification_report("t", g32, [0, 1], p32, [0], max_rank=2)
+    assert r32.cmc.hits.tolist() == [0, 1]
 
 
 def test_open_set_float32_mated_score_tied_with_the_boundary_is_a_miss():

@@ -172,8 +172,10 @@ class RowTable:
             self.data.index_copy_(0, rows_s[i : i + part.shape[0]], part)
 
     def rows_float32(self, start: int, stop: int) -> Tensor:
-        """Float32 copy of a contiguous row range (checkpoints, tests)."""
-        return self.data[start:stop].float()
+        """Float32 copy of a contiguous row range (checkpoints, tests): never a view of the
+        table, so later updates do not show through it."""
+        rows = self.data[start:stop]
+        return rows.clone() if rows.dtype == torch.float32 else rows.float()
 
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()

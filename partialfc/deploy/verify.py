@@ -1,10 +1,12 @@
 """1:1 verification with a threshold calibrated from impostor scores for a stated FAR.
 
 Never a hard-coded threshold: ``calibrate(embeddings, labels, target_far)`` scores every pair
-of different identities in a calibration set and sets the threshold so that at most
-``k = floor(FAR · n_impostor)`` of them are accepted (``partialfc.eval.tar_at_far``, seed 001
-ch. 6). The result carries ``k`` and ``n_impostor``: a FAR backed by ``k`` false accepts has a
-relative standard error of about ``1/√k``, and FARs below ``1/n_impostor`` are refused.
+of different identities in a calibration set and sets the lowest threshold that accepts at
+most ``k = floor(FAR · n_impostor)`` of them: the smallest float32 value above the
+``(k+1)``-th highest impostor score (``partialfc.eval.tar_at_far``; float32 because
+verification scores are float32 cosines, so that score itself stays rejected). The result
+carries ``k`` and ``n_impostor``: a FAR backed by ``k`` false accepts has a relative standard
+error of about ``1/√k``, and FARs below ``1/n_impostor`` are refused.
 
     threshold = calibrate(embedder.embed(cal_images), cal_labels, target_far=1e-3)
     result = Verifier(embedder, threshold).verify(images_a, images_b)   # pairs row by row
@@ -22,6 +24,7 @@ import numpy as np
 
 from partialfc.atomic import atomic_write_bytes
 from partialfc.eval import proportion, score_all_pairs
+from partialfc.eval._validate import as_scores
 from partialfc.eval.tar_at_far import threshold_from_top_impostors
 
 THRESHOLD_FORMAT = "partialfc.threshold"
@@ -84,10 +87,11 @@ def calibrate(embeddings: np.ndarray, labels, target_far: float) -> CalibratedTh
 def threshold_from_impostors(
     impostor_scores: np.ndarray, target_far: float, n_impostor: int | None = None
 ) -> CalibratedThreshold:
-    """Threshold from impostor scores (all of them, or the top ones with ``n_impostor``)."""
-    scores = np.sort(np.asarray(impostor_scores, dtype=np.float64).reshape(-1))[::-1]
+    """Threshold from impostor scores (all of them, or the top ones with ``n_impostor``):
+    the smallest float32 value above the ``(k+1)``-th highest, ``k = floor(FAR · n)``."""
+    scores = np.sort(as_scores(impostor_scores, "impostor_scores"))[::-1]
     n = scores.size if n_impostor is None else int(n_impostor)
-    chosen = threshold_from_top_impostors(scores, n, target_far)
+    chosen = threshold_from_top_impostors(scores, n, target_far, score_dtype=np.float32)
     far = proportion(chosen.false_accepts, chosen.n_impostor, 0.95)
     return CalibratedThreshold(
         threshold=chosen.threshold,

@@ -1,10 +1,14 @@
-"""1:N identification: closed-set CMC and open-set FNIR at FPIR (seed 001, ch. 6).
+"""1:N identification: closed-set CMC and open-set FNIR at FPIR.
 
 Ranks count *identities*, not gallery rows: a probe's mated rank is 1 + the number of other
 identities whose best score is ``>=`` the best mated score (ties count against the probe).
-Open-set: the threshold comes from the top-1 scores of non-mated probes alone (FPIR =
-fraction of non-mated searches returning anything at or above it); a mated search is a miss
-(FNIR) unless its mated identity is at rank ≤ R with a score at or above the threshold.
+Scores are compared in the precision they come in (float64 stays float64).
+
+Open-set: the threshold comes from the top-1 scores of the ``n`` non-mated probes alone, with
+the TAR@FAR rule of :mod:`partialfc.eval.tar_at_far`: ``k = floor(FPIR · n)`` and the threshold
+just above the ``(k+1)``-th highest non-mated score, the lowest one that lets at most ``k``
+non-mated searches return anything at or above it. A mated search is a miss (FNIR) unless its
+mated identity is at rank ≤ R with a score ``>=`` the threshold.
 """
 
 from __future__ import annotations
@@ -41,9 +45,17 @@ def _per_identity_max(similarity: np.ndarray, gallery_labels) -> tuple[np.ndarra
     return ids, np.maximum.reduceat(similarity[:, order], starts, axis=1)
 
 
+def _as_scores_matrix(similarity) -> np.ndarray:
+    """Scores as an array in their own floating precision (integers become float64)."""
+    similarity = np.asarray(similarity)
+    if not np.issubdtype(similarity.dtype, np.floating):
+        similarity = similarity.astype(np.float64)
+    return similarity
+
+
 def mated_search(similarity, probe_labels, gallery_labels) -> MatedSearch:
     """Rank and score of each probe's own identity in the gallery (full ``(P, G)`` scores)."""
-    similarity = np.asarray(similarity, dtype=np.float32)
+    similarity = _as_scores_matrix(similarity)
     probe_labels = np.asarray(probe_labels).reshape(-1)
     if similarity.shape[0] != probe_labels.size:
         raise ValueError(f"similarity has {similarity.shape[0]} rows, {probe_labels.size} labels")
@@ -157,7 +169,8 @@ def open_set_identification(
         chosen = threshold_from_top_impostors(
             top_descending(top, k + 1), top.size, fpir, what="non-mated probes"
         )
-        hit = (mated.ranks >= 1) & (mated.ranks <= rank) & (mated.mated_scores >= chosen.threshold)
+        mated_scores = np.asarray(mated.mated_scores, dtype=np.float64)
+        hit = (mated.ranks >= 1) & (mated.ranks <= rank) & (mated_scores >= chosen.threshold)
         points.append(
             OpenSetPoint(
                 target_fpir=float(fpir),

@@ -1,12 +1,13 @@
 """All-pairs scoring at scale: blockwise GEMM into a fine histogram plus the exact top scores.
 
-``N`` templates give ``N(N−1)/2`` pairs — 10^8 for N ≈ 14,150 (seed 001, ch. 6). The scores
+``N`` templates give ``N(N−1)/2`` pairs — 10^8 for N ≈ 14,150. The scores
 are never materialised: each ``block × block`` tile of ``E Eᵀ`` (upper triangle only) is
 reduced at once into
 
 * a histogram of impostor scores on ``n_bins`` equal bins over [−1, 1] (ROC curve, EER), and
-* the exact ``keep_top`` highest impostor scores, which fix the TAR@FAR threshold exactly for
-  every FAR ≤ (keep_top − 1) / n_impostor,
+* the exact ``keep_top`` highest impostor scores, which fix the TAR@FAR threshold (just above
+  the ``(k+1)``-th highest, :mod:`partialfc.eval.tar_at_far`) exactly for every
+  FAR ≤ (keep_top − 1) / n_impostor,
 * every genuine score (same label), exactly; rows are sorted by label so only tiles whose label
   ranges overlap need the label comparison.
 
@@ -55,7 +56,9 @@ class PairScoreSummary:
         return (self.top_impostor_scores.size - 1) / self.n_impostor
 
     def tar_at_far(self, target_far: float, genuine=None, confidence: float = 0.95) -> TarAtFar:
-        """Exact TAR@FAR (threshold from the kept top impostor scores)."""
+        """Exact TAR@FAR: threshold just above the ``(k+1)``-th highest kept impostor score,
+        stepped in float32 (the precision the pairs were scored in, and that
+        :func:`count_scores_at_least` compares in)."""
         k = int(np.floor(target_far * self.n_impostor + 1e-9))
         kept = self.top_impostor_scores.size
         if k + 1 > kept and kept < self.n_impostor:
@@ -63,7 +66,9 @@ class PairScoreSummary:
                 f"FAR = {target_far:g} needs the top {k + 1} impostor scores but only "
                 f"{self.top_impostor_scores.size} were kept; score again with a larger keep_top"
             )
-        chosen = threshold_from_top_impostors(self.top_impostor_scores, self.n_impostor, target_far)
+        chosen = threshold_from_top_impostors(
+            self.top_impostor_scores, self.n_impostor, target_far, score_dtype=np.float32
+        )
         gen = self.genuine_scores if genuine is None else genuine
         return tar_at_threshold(gen, chosen, confidence)
 

@@ -154,9 +154,11 @@ def identification_report(
     notes=(),
 ) -> IdentificationReport:
     """Closed-set CMC over the probes whose identity is enrolled, and open-set FNIR@FPIR
-    with the others as non-mated probes (exact scores, computed in probe chunks)."""
-    g = np.asarray(gallery_embeddings, dtype=np.float32)
-    p = np.asarray(probe_embeddings, dtype=np.float32)
+    with the others as non-mated probes (exact scores, computed in probe chunks, in float64
+    when either embedding array is float64 and float32 otherwise)."""
+    g, p = np.asarray(gallery_embeddings), np.asarray(probe_embeddings)
+    dtype = np.float64 if np.float64 in (g.dtype, p.dtype) else np.float32  # keep float64
+    g, p = g.astype(dtype, copy=False), p.astype(dtype, copy=False)
     gallery_labels = np.asarray(gallery_labels).reshape(-1)
     probe_labels = np.asarray(probe_labels).reshape(-1)
     if g.shape[0] != gallery_labels.size or p.shape[0] != probe_labels.size:

@@ -1,12 +1,22 @@
 """TAR at a fixed FAR, with the threshold set from impostor scores alone.
 
-Seed 001, ch. 6: sort impostors descending, allow ``k = floor(FAR · n_impostor)`` false
-accepts, take the k-th highest impostor score as the threshold, accept ``score >= threshold``.
+A pair is accepted when ``score >= threshold``. With the ``n`` impostor scores sorted
+descending, ``s_1 >= s_2 >= ... >= s_n``, and ``k = floor(FAR · n)`` false accepts allowed,
+
+    threshold = the smallest representable value > s_(k+1),
+    false accepts = #{i : s_i > s_(k+1)} <= k,
+
+the lowest threshold that admits at most ``k`` impostors, hence the largest TAR the target
+allows. Ties: every impostor equal to ``s_(k+1)`` is rejected with it, so when a tie straddles
+position ``k`` the realized FAR is below the target, never above. ``k = n`` (FAR = 1) accepts
+everything (threshold ``-inf``).
+
+The step above ``s_(k+1)`` is taken in the precision the scores are compared in (float64 by
+default; float32 for thresholds applied to float32 cosines), so ``s_(k+1)`` itself stays
+rejected in that precision too.
+
 ``k`` is the error bar (relative standard error ≈ 1/√k) and is always returned; ``k = 0`` is
 refused because such a FAR cannot be resolved with these pairs.
-
-Ties: if impostor scores tied with the k-th one would push the false accepts past ``k``, the
-threshold moves just above the tie, so the realized FAR never exceeds the target.
 """
 
 from __future__ import annotations
@@ -31,20 +41,36 @@ class ImpostorThreshold(Result):
     target_far: float
     threshold: float
     allowed_false_accepts: int  # k = floor(target_far * n_impostor)
-    false_accepts: int  # impostors actually >= threshold (<= allowed; smaller only on ties)
+    false_accepts: int  # impostors >= threshold: <= allowed, smaller only on ties
     n_impostor: int
 
 
-def threshold_from_top_impostors(
-    top_impostor_desc: np.ndarray, n_impostor: int, target_far: float, what: str = "impostor pairs"
-) -> ImpostorThreshold:
-    """Threshold from the highest impostor scores, sorted descending.
+def next_above(value: float, dtype=np.float64) -> float:
+    """The smallest number representable in ``dtype`` that is strictly greater than ``value``."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise ValueError(f"score_dtype must be a floating dtype, got {dtype}")
+    step = dtype.type(value)
+    if float(step) <= value:
+        step = np.nextafter(step, dtype.type(np.inf))
+    return float(step)
 
-    ``top_impostor_desc`` needs at least ``k + 1`` entries (all of them when ``k + 1 >
-    n_impostor``); large-scale scoring keeps only this head of the distribution.
+
+def threshold_from_top_impostors(
+    top_impostor_desc: np.ndarray,
+    n_impostor: int,
+    target_far: float,
+    what: str = "impostor pairs",
+    score_dtype=np.float64,
+) -> ImpostorThreshold:
+    """Threshold just above the ``(k+1)``-th highest impostor score (see module docstring).
+
+    ``top_impostor_desc``: the highest impostor scores, sorted descending; at least ``k + 1``
+    of them unless that is more than ``n_impostor`` (large-scale scoring keeps only this head).
+    ``score_dtype``: the precision later scores are compared in (float32 for float32 cosines).
     """
     if not 0.0 < target_far <= 1.0:
-        raise ValueError(f"target FAR must be in (0, 1], got {target_far}")
+        raise ValueError(f"target_far must be in (0, 1], got {target_far}")
     k = int(np.floor(target_far * n_impostor + 1e-9))
     if k == 0:
         raise InsufficientPairsError(
@@ -52,19 +78,22 @@ def threshold_from_top_impostors(
             f"{int(np.ceil(1 / target_far))} are needed to admit one false accept, and about "
             f"{int(np.ceil(100 / target_far))} to measure it to ±10%"
         )
-    need = min(k + 1, n_impostor)
-    if top_impostor_desc.size < need:
-        raise ValueError(f"need the top {need} impostor scores, got {top_impostor_desc.size}")
-    threshold = float(top_impostor_desc[k - 1])
-    false_accepts = int(np.count_nonzero(top_impostor_desc[:need] >= threshold))
-    if false_accepts > k:  # a tie straddles position k: step just above it
-        threshold = float(np.nextafter(threshold, np.inf))
-        false_accepts = int(np.count_nonzero(top_impostor_desc[:need] >= threshold))
+    top = np.asarray(top_impostor_desc, dtype=np.float64).reshape(-1)
+    if k >= n_impostor:  # every impostor may be accepted
+        return ImpostorThreshold(float(target_far), -np.inf, k, int(n_impostor), int(n_impostor))
+    if top.size < k + 1:
+        raise ValueError(
+            f"top_impostor_desc: need the top {k + 1} impostor scores, got {top.size}"
+        )
+    if np.any(np.diff(top[: k + 1]) > 0):
+        raise ValueError("top_impostor_desc must be sorted in descending order")
+    boundary = float(top[k])  # s_(k+1): the first score that would make k + 1 false accepts
+    threshold = next_above(boundary, score_dtype)
     return ImpostorThreshold(
         target_far=float(target_far),
         threshold=threshold,
         allowed_false_accepts=k,
-        false_accepts=false_accepts,
+        false_accepts=int(np.count_nonzero(top[: k + 1] >= threshold)),
         n_impostor=int(n_impostor),
     )
 
@@ -80,7 +109,7 @@ def top_descending(scores: np.ndarray, count: int) -> np.ndarray:
 
 
 def impostor_threshold(impostor, target_far: float) -> ImpostorThreshold:
-    """Threshold admitting at most ``floor(target_far · n)`` of the impostor scores."""
+    """Lowest threshold admitting at most ``floor(target_far · n)`` of the impostor scores."""
     imp = as_scores(impostor, "impostor")
     k = int(np.floor(target_far * imp.size + 1e-9))
     return threshold_from_top_impostors(top_descending(imp, k + 1), imp.size, target_far)

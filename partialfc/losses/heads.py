@@ -49,6 +49,15 @@ class _UnitRows(torch.autograd.Function):
         return grad.mul_(inv_norms), None
 
 
+def _work_dtype(*tensors: Tensor) -> torch.dtype:
+    """The dtype the head computes in: the inputs' common dtype, at least float32 (bfloat16 and
+    float16 embeddings are widened, as in :func:`normalized_margin_cross_entropy`)."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
 def _unit_rows(matrix: Tensor, eps: float = 1e-12) -> Tensor:
     if matrix.requires_grad and torch.is_grad_enabled():
         return _UnitRows.apply(matrix, eps)
@@ -89,7 +98,9 @@ class MarginSoftmaxHead(nn.Module):
             False for ``retain_graph`` or ``gradcheck``.
 
     The center table ``weight`` is ``(C*K, d)``, class-major (rows ``c*K .. c*K+K-1`` are class
-    c), initialised N(0, 0.01^2). Embeddings and centers are L2-normalised inside.
+    c), initialised N(0, 0.01^2). Embeddings and centers are L2-normalised inside. For every K
+    the math runs in the inputs' common dtype, at least float32 (bfloat16 or float16 embeddings
+    from autocast are widened; the loss is float32).
 
     ``class_subset`` (optional, ``(N,)`` distinct class ids) restricts the columns to those
     classes, in that order; a label outside the subset gets no margin in :meth:`logits` and is
@@ -165,8 +176,9 @@ class MarginSoftmaxHead(nn.Module):
             raise ValueError(
                 f"embeddings must be (B, {self.embedding_dim}), got {tuple(embeddings.shape)}"
             )
-        centers = _unit_rows(self._center_rows(class_subset))
-        cos = F.normalize(embeddings, dim=1) @ centers.T
+        centers = self._center_rows(class_subset)
+        work = _work_dtype(embeddings, centers)
+        cos = F.normalize(embeddings.to(work), dim=1) @ _unit_rows(centers.to(work)).T
         return max_over_subcenters(cos, self.num_subcenters)
 
     def logits(
@@ -207,8 +219,9 @@ class MarginSoftmaxHead(nn.Module):
         """``(B, K)`` cosines between each sample and the K sub-centers of its own class."""
         k = self.num_subcenters
         rows = labels.long().unsqueeze(1) * k + torch.arange(k, device=labels.device)
-        centers = F.normalize(self.weight[rows], dim=2)  # (B, K, d)
-        return torch.einsum("bkd,bd->bk", centers, F.normalize(embeddings, dim=1))
+        work = _work_dtype(embeddings, self.weight)
+        centers = F.normalize(self.weight[rows].to(work), dim=2)  # (B, K, d)
+        return torch.einsum("bkd,bd->bk", centers, F.normalize(embeddings.to(work), dim=1))
 
     @torch.no_grad()
     def dominant_subcenters(self, embeddings: Tensor, labels: Tensor) -> SubcenterAssignment:

@@ -265,6 +265,27 @@ def test_dense_mode_moves_unsampled_rows_sparse_mode_does_not():
     assert moved_sparse.sum() < 50 and not moved_sparse[idle & ~moved_sparse].any()
 
 
+@pytest.mark.parametrize(
+    "kw", [{}, {"storage_dtype": torch.bfloat16}, {"update": "dense"}], ids=["f32", "bf16", "dense"]
+)
+def test_local_centers_float32_is_a_copy(kw):
+    """A snapshot taken before a step keeps the old values, and writing into it leaves the
+    table alone (a view would make every before/after comparison trivially equal)."""
+    pfc = PartialFC(10, D, ArcFaceMargin(), init_std=0.3, **kw)
+    opt = RowSparseSGD(pfc, lr=0.5) if pfc.update != "dense" else torch.optim.SGD(
+        pfc.parameters(), lr=0.5
+    )
+    snapshot = pfc.local_centers_float32()
+    assert snapshot.dtype == torch.float32
+    x, y = _batch(10)
+    pfc(x, y).backward()
+    opt.step()
+    after = pfc.local_centers_float32()
+    assert not torch.equal(after, snapshot)  # the step moved the table, not the snapshot
+    after.zero_()
+    assert pfc.local_centers_float32().abs().sum() > 0
+
+
 def test_rowsparse_adamw_at_rate_one_matches_torch_adamw():
     pfc = PartialFC(15, D, ArcFaceMargin(0.5, 16.0), init_std=0.3)
     opt = RowSparseAdamW(pfc, lr=1e-2, weight_decay=0.05)

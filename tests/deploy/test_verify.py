@@ -18,20 +18,37 @@ from partialfc.eval import InsufficientPairsError
 
 
 def test_threshold_from_hand_worked_impostors():
-    # 10 impostors, FAR 0.2 -> k = 2 false accepts allowed -> the 2nd highest score
+    # 10 impostors, FAR 0.2 -> k = 2 false accepts allowed -> the lowest threshold keeping
+    # them is just above the 3rd highest score, 0.70 (in float32, the verification precision)
     scores = np.array([0.10, 0.90, 0.30, 0.80, 0.20, 0.70, 0.40, 0.60, 0.50, 0.05])
     t = threshold_from_impostors(scores, 0.2)
-    assert (t.threshold, t.allowed_false_accepts, t.false_accepts, t.n_impostor) == (
-        0.80,
-        2,
-        2,
-        10,
-    )
-    # a tie across position k moves the threshold above the tie: never more than k accepts
+    assert (t.allowed_false_accepts, t.false_accepts, t.n_impostor) == (2, 2, 10)
+    # float32(0.7) = 0.69999999 rounds down, so the threshold is the float32 after it
+    assert float(np.float32(0.70)) < 0.70
+    assert t.threshold == float(np.nextafter(np.float32(0.70), np.float32(1)))
+    assert t.threshold == 0.7000000476837158
+    # a tie across position k rejects the whole tie: never more than k accepts
     tied = threshold_from_impostors(np.array([0.9, 0.8, 0.8, 0.1]), 0.5)
-    assert tied.false_accepts == 1 and tied.threshold > 0.8
+    assert tied.false_accepts == 1
+    # float32(0.8) = 0.80000001 already lies above 0.8: it is the smallest float32 above it
+    assert tied.threshold == float(np.float32(0.8)) == 0.800000011920929
     with pytest.raises(InsufficientPairsError):
         threshold_from_impostors(scores, 0.05)  # FAR below 1 / 10 cannot be resolved
+
+
+def test_float32_cosine_equal_to_the_boundary_impostor_is_rejected():
+    """``decide`` scores in float32: a cosine equal to the (k+1)-th highest calibration
+    impostor must be rejected there too, and the next float32 cosine above it accepted."""
+    boundary = np.float32(0.3)  # not representable in float64 steps: float32(0.3) != 0.3
+    scores = np.array([0.9, boundary, 0.1, 0.0], dtype=np.float32)
+    t = threshold_from_impostors(scores, 0.25)  # k = 1
+    assert t.false_accepts == 1
+    above = np.nextafter(boundary, np.float32(1.0))
+    a = np.array([[1.0, 0.0], [1.0, 0.0]], dtype=np.float32)
+    b = np.array([[boundary, 0.0], [above, 0.0]], dtype=np.float32)
+    v = decide(a, b, t)
+    assert v.score.tolist() == [boundary, above]
+    assert v.accept.tolist() == [False, True]
 
 
 def brute_force_impostors(embeddings, labels):
@@ -60,8 +77,10 @@ def test_calibrate_agrees_with_brute_force(halves):
     assert t.n_impostor == impostors.size == 1000 * 999 // 2 - 100 * 45
     k = int(np.floor(1e-3 * impostors.size))
     assert t.allowed_false_accepts == k
-    assert t.threshold == pytest.approx(np.sort(impostors)[::-1][k - 1], abs=1e-6)
-    assert np.count_nonzero(impostors >= t.threshold) <= k
+    # just above the (k+1)-th highest impostor (blockwise and direct GEMMs may round apart)
+    assert t.threshold == pytest.approx(np.sort(impostors)[::-1][k], abs=1e-6)
+    assert np.sort(impostors)[::-1][k] < t.threshold
+    assert t.false_accepts == np.count_nonzero(impostors >= t.threshold) == k
 
 
 def test_calibrated_far_holds_on_independent_held_out_impostors():

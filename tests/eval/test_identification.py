@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from partialfc.eval import identification_report
 from partialfc.eval.identification import (
     cmc,
     cmc_from_ranks,
@@ -50,24 +51,63 @@ def test_rank_counts_identities_and_ties_count_against():
     assert m.mated_scores[0] == pytest.approx(0.6)
 
 
+def test_scores_are_compared_in_their_own_precision():
+    # distinct in float64, equal once rounded to float32
+    sim = np.array([[0.30000001, 0.30000002]])
+    assert np.float32(sim[0, 0]) == np.float32(sim[0, 1])
+    assert mated_search(sim, [1], [0, 1]).ranks.tolist() == [1]
+    assert mated_search(sim, [0], [0, 1]).ranks.tolist() == [2]
+    assert mated_search(sim, [1], [0, 1]).mated_scores.dtype == np.float64
+    # float32 scores are compared as float32: there the two are a tie, counted against
+    assert mated_search(sim.astype(np.float32), [1], [0, 1]).ranks.tolist() == [2]
+    assert cmc(sim, [1], [0, 1], max_rank=2).hits.tolist() == [1, 1]
+
+
+def test_identification_report_keeps_float64_embeddings():
+    # the probe's cosines to its own identity (1) and to the other (1 - 5e-11) round to the
+    # same float32 value
+    delta = 1e-5
+    gallery = np.array([[1.0, 0.0], [np.cos(delta), np.sin(delta)]])
+    probe = np.array([[1.0, 0.0]])
+    r = identification_report("t", gallery, [0, 1], probe, [0], max_rank=2)
+    assert r.cmc.hits.tolist() == [1, 1]
+    g32, p32 = gallery.astype(np.float32), probe.astype(np.float32)
+    r32 = identification_report("t", g32, [0, 1], p32, [0], max_rank=2)
+    assert r32.cmc.hits.tolist() == [0, 1]
+
+
+def test_open_set_float32_mated_score_tied_with_the_boundary_is_a_miss():
+    # float32 scores (what a float32 gallery search returns): FPIR 0.1 over 10 non-mated
+    # probes -> k = 1 -> the threshold is just above the 2nd highest, float32(0.3); a mated
+    # score equal to it must not count as a hit
+    nonmated = np.array([0.9, 0.3] + [0.0] * 8, dtype=np.float32)
+    m = mated_search(np.array([[0.3, 0.1]], dtype=np.float32), [0], [0, 1])
+    assert m.ranks.tolist() == [1] and m.mated_scores[0] == nonmated[1]
+    (p,) = open_set_identification(m, nonmated, target_fpirs=[0.1])
+    assert (p.fpir.k, p.fnir.k, p.fnir.n) == (1, 1, 1)
+
+
 def test_ranks_from_neighbors_dedupes_identities():
     nl = np.array([[3, 3, 5, 1], [2, 4, 4, 4], [9, 9, 9, 9]])
     assert ranks_from_neighbors(nl, [1, 2, 1]).tolist() == [3, 1, 0]
 
 
 def test_open_set_fnir_at_fpir_by_hand():
-    # 10 non-mated probes: top scores; FPIR = 0.1 -> k = 1 -> threshold = 0.7 (the best one)
+    # 10 non-mated probes: top scores; FPIR = 0.1 -> k = 1 false positive allowed -> the
+    # threshold sits just above the 2nd highest, 0.5: only the 0.7 probe returns a candidate
     nonmated = [0.7, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3, 0.2, 0.1, 0.0]
-    # mated probes: (rank, mated score): hits need rank 1 and score >= 0.7
-    sim = np.array([[0.9, 0.1], [0.65, 0.1], [0.8, 0.85], [0.2, 0.75]])
-    m = mated_search(sim, [0, 0, 0, 1], [0, 1])
-    assert m.ranks.tolist() == [1, 1, 2, 1]
+    # mated probes: hits need rank 1 and a mated score > 0.5
+    sim = np.array([[0.9, 0.1], [0.65, 0.1], [0.8, 0.85], [0.2, 0.75], [0.5, 0.1]])
+    m = mated_search(sim, [0, 0, 0, 1, 0], [0, 1])
+    assert m.ranks.tolist() == [1, 1, 2, 1, 1]
     (p,) = open_set_identification(m, nonmated, target_fpirs=[0.1, 0.01])  # 0.01 unresolvable
-    assert p.threshold == pytest.approx(0.7) and (p.fpir.k, p.fpir.n) == (1, 10)
-    assert (p.fnir.k, p.fnir.n) == (2, 4)  # 0.65 below threshold; rank-2 probe
-    assert p.tpir == pytest.approx(0.5)
-    (p5,) = open_set_identification(m, nonmated, target_fpirs=[0.1], rank=2)
-    assert p5.fnir.k == 1
+    assert p.threshold == np.nextafter(0.5, 1.0) and (p.fpir.k, p.fpir.n) == (1, 10)
+    # misses: the rank-2 probe and the probe tied with the 2nd non-mated score (0.5); the 0.65
+    # probe is a hit (a threshold at the highest non-mated score, 0.7, would miss it)
+    assert (p.fnir.k, p.fnir.n) == (2, 5)
+    assert p.tpir == pytest.approx(0.6)
+    (p2,) = open_set_identification(m, nonmated, target_fpirs=[0.1], rank=2)
+    assert p2.fnir.k == 1
 
 
 def _unit(rng, n, d):

@@ -44,6 +44,10 @@ def test_blockwise_summary_equals_exact_pairs():
         assert fast.allowed_false_accepts == ref.allowed_false_accepts
         assert fast.threshold == pytest.approx(ref.threshold, abs=1e-5)
         assert fast.tar.k == ref.tar.k and fast.far.k == ref.far.k
+        # the threshold is a float32 value, so the float32 second pass counts the same pairs
+        again = count_scores_at_least(x, [fast.threshold], labels, block=256)
+        assert again["thresholds"][0] == fast.threshold
+        assert (again["impostor"][0], again["genuine"][0]) == (fast.far.k, fast.tar.k)
     with pytest.raises(ValueError, match="larger keep_top"):
         summary.tar_at_far(0.1)
     roc = summary.roc()

@@ -102,16 +102,17 @@ def test_eer_interpolates_when_no_exact_crossing():
     assert (e.far, e.frr) == (0.5, pytest.approx(1 / 3))
 
 
-def test_tar_at_far_matches_seed_snippet_and_counts():
+def test_tar_at_far_threshold_sits_just_above_the_k_plus_first_impostor_and_counts():
     rng = np.random.default_rng(2)
     gen = rng.normal(0.6, 0.15, 2000)
     imp = rng.normal(0.0, 0.1, 50_000)
     r = tar_at_far(gen, imp, 1e-3)
     k = 50
-    thr = np.sort(imp)[::-1][k - 1]  # the seed's reference implementation
-    assert r.threshold == thr and r.allowed_false_accepts == k
-    assert r.far.k == np.count_nonzero(imp >= thr) == k and r.far.n == 50_000
-    assert r.tar.k == np.count_nonzero(gen >= thr) and r.tar.n == 2000
+    boundary = np.sort(imp)[::-1][k]  # the 51st highest impostor: accepting it makes k + 1
+    assert r.threshold == np.nextafter(boundary, np.inf) and r.allowed_false_accepts == k
+    assert r.far.k == np.count_nonzero(imp > boundary) == k and r.far.n == 50_000
+    assert r.tar.k == np.count_nonzero(gen > boundary) and r.tar.n == 2000
+    assert r.tar.k == 1942
     # Clopper-Pearson bounds recomputed from the beta quantiles
     assert r.tar.lower == pytest.approx(beta.ppf(0.025, r.tar.k, 2000 - r.tar.k + 1))
     assert r.far.upper == pytest.approx(beta.ppf(0.975, k + 1, 50_000 - k))

@@ -179,6 +179,41 @@ def test_head_matches_reference_composition(num_subcenters):
 
 
 @pytest.mark.parametrize("num_subcenters", [1, 3])
+def test_bfloat16_embeddings_take_the_same_float32_math_for_every_k(num_subcenters):
+    torch.manual_seed(5)
+    head = MarginSoftmaxHead(10, 8, ArcFaceMargin(0.5, 16.0), num_subcenters, intra_weight=0.1)
+    x32 = torch.randn(12, 8)
+    y = torch.randint(0, 10, (12,))
+    x16 = x32.to(torch.bfloat16).requires_grad_(True)
+    widened = x16.detach().float().requires_grad_(True)  # the same values, as float32
+    loss16, loss_widened = head(x16, y), head(widened, y)
+    assert loss16.dtype == torch.float32
+    torch.testing.assert_close(loss16, loss_widened, rtol=1e-6, atol=1e-6)
+    # and within bfloat16 rounding of the float32 input it came from
+    torch.testing.assert_close(loss16, head(x32, y), rtol=2e-2, atol=0)
+    loss16.backward()
+    loss_widened.backward()
+    assert x16.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x16.grad, widened.grad.to(torch.bfloat16))
+    torch.testing.assert_close(head.logits(x16, y), head.logits(widened, y))
+    best = head.dominant_subcenters(x16, y)
+    assert torch.equal(best.subcenter, head.dominant_subcenters(widened, y).subcenter)
+
+
+def test_three_equal_subcenters_equal_one_center_on_bfloat16_input():
+    """The K = 1 (fused) and K = 3 (cosines, max, margin) paths agree when each class's three
+    sub-centers are copies of its one center."""
+    torch.manual_seed(6)
+    one = MarginSoftmaxHead(10, 8, ArcFaceMargin(0.5, 16.0))
+    three = MarginSoftmaxHead(10, 8, ArcFaceMargin(0.5, 16.0), num_subcenters=3)
+    with torch.no_grad():
+        three.weight.copy_(one.weight.repeat_interleave(3, dim=0))
+    x = torch.randn(12, 8).to(torch.bfloat16)
+    y = torch.randint(0, 10, (12,))
+    torch.testing.assert_close(three(x, y), one(x, y), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_subcenters", [1, 3])
 def test_gradcheck_head_float64(num_subcenters):
     torch.manual_seed(3)
     head = MarginSoftmaxHead(

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from partialfc.atomic import AtomicFile, atomic_write_bytes
 from partialfc.data.datasets import LabelledDataset, Transform
 from partialfc.data.decode import decode_image, to_chw_tensor
 
@@ -343,31 +344,32 @@ def build_index(rec_path: str | os.PathLike, idx_path: str | os.PathLike | None 
         lines.append(f"{header.id}\t{offset}\n")
     reader.close()
     idx_path = Path(idx_path) if idx_path else reader.rec_path.with_suffix(".idx")
-    tmp = idx_path.with_name(f".{idx_path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text("".join(lines))
-        os.replace(tmp, idx_path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(idx_path, "".join(lines).encode())
     return idx_path
 
 
 class RecordIOWriter:
     """Write records (``write(key, payload)``) to ``.rec`` + ``.idx``.
 
-    Writes go to temporary files in the target folder; ``close()`` renames both into place,
-    so a crash or exception never leaves a half-written set under the final names. Use as a
-    context manager: leaving the block with an exception discards the temporaries.
+    Writes go to temporary files in the target folder (:class:`partialfc.atomic.AtomicFile`);
+    ``close()`` renames both into place, so a crash or exception never leaves a half-written
+    set under the final names. Use as a context manager: leaving the block with an exception
+    (a full disk included) removes the temporaries. The target folder must exist.
     """
 
     def __init__(self, rec_path: str | os.PathLike, idx_path: str | os.PathLike | None = None):
         self.rec_path = Path(rec_path)
         self.idx_path = Path(idx_path) if idx_path else self.rec_path.with_suffix(".idx")
-        suffix = f".tmp-{os.getpid()}"
-        self._rec_tmp = self.rec_path.with_name(f".{self.rec_path.name}{suffix}")
-        self._idx_tmp = self.idx_path.with_name(f".{self.idx_path.name}{suffix}")
-        self._rec = open(self._rec_tmp, "wb")
-        self._idx = open(self._idx_tmp, "w")
+        self._targets: list[AtomicFile] = []
+        try:
+            for path in (self.rec_path, self.idx_path):
+                self._targets.append(AtomicFile(path))
+            self._rec = open(self._targets[0].tmp, "wb")  # noqa: SIM115 - closed in close()
+            self._idx = open(self._targets[1].tmp, "w")  # noqa: SIM115
+        except BaseException:
+            for target in self._targets:
+                target.discard()
+            raise
         self._keys: set[int] = set()
         self.count = 0
 
@@ -380,18 +382,27 @@ class RecordIOWriter:
         self.count += 1
 
     def close(self) -> None:
-        if self._rec.closed:
+        """Flush both files and move them into place (on failure nothing is left behind)."""
+        if all(target.done for target in self._targets):
             return
-        self._rec.close()
-        self._idx.close()
-        os.replace(self._rec_tmp, self.rec_path)
-        os.replace(self._idx_tmp, self.idx_path)
+        try:
+            self._rec.close()
+            self._idx.close()
+            for target in self._targets:
+                target.commit()
+        except BaseException:
+            self.abort()
+            raise
 
     def abort(self) -> None:
-        self._rec.close()
-        self._idx.close()
-        self._rec_tmp.unlink(missing_ok=True)
-        self._idx_tmp.unlink(missing_ok=True)
+        """Remove the temporary files; the final names are left as they were."""
+        for f in (self._rec, self._idx):
+            try:
+                f.close()
+            except OSError:  # a failed flush (full disk) while closing: the file goes anyway
+                pass
+        for target in self._targets:
+            target.discard()
 
     def __enter__(self):
         return self

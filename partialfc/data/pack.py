@@ -156,8 +156,9 @@ def unpack_records(
     lines = []
     try:
         tmp.mkdir(parents=True)
-        for key in tqdm(dataset.keys, desc=f"unpack {Path(rec_path).name}", disable=not progress):
-            label, data = dataset._read(int(key))
+        keys = tqdm(dataset.keys, desc=f"unpack {Path(rec_path).name}", disable=not progress)
+        for index, key in enumerate(keys):
+            label, data = dataset.read_record(index)
             rel = f"{label:0{width}d}/{int(key):08d}{image_extension(data)}"
             (tmp / rel).parent.mkdir(exist_ok=True)
             (tmp / rel).write_bytes(data)

@@ -393,8 +393,11 @@ class RecordIOWriter:
         if key in self._keys:
             raise ValueError(f"{self.rec_path}: duplicate record id {key}")
         self._keys.add(key)
-        self._idx.write(f"{int(key)}\t{self._rec.tell()}\n")
-        self._rec.write(frame_record(payload))
+        try:
+            self._idx.write(f"{int(key)}\t{self._rec.tell()}\n")
+            self._rec.write(frame_record(payload))
+        except OSError as err:
+            raise OSError(err.errno, f"{self.rec_path}: cannot write: {err.strerror}") from err
         self.count += 1
 
     def close(self) -> None:
@@ -406,6 +409,9 @@ class RecordIOWriter:
             self._idx.close()
             for target in self._targets:
                 target.commit()
+        except OSError as err:
+            self.abort()
+            raise OSError(err.errno, f"{self.rec_path}: cannot write: {err.strerror}") from err
         except BaseException:
             self.abort()
             raise

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from partialfc.atomic import atomic_write_bytes
 from partialfc.eval.pair_scoring import score_all_pairs, upper_tiles
 
 
@@ -80,10 +81,7 @@ def main() -> None:
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text + "\n")
-        os.replace(tmp, args.out)
+        atomic_write_bytes(args.out, (text + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -32,13 +32,13 @@ import os
 import platform
 import resource
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from partialfc.atomic import atomic_write_bytes
 from partialfc.losses.heads import MarginSoftmaxHead
 from partialfc.losses.margins import ArcFaceMargin
 from partialfc.losses.triplet import TripletLoss
@@ -157,10 +157,7 @@ def bench_triplet(
 
 
 def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)
+    atomic_write_bytes(path, text.encode())
 
 
 def main(argv=None) -> int:

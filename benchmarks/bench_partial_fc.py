@@ -389,10 +389,9 @@ def main(argv=None) -> int:
     )
     text = json.dumps(report, indent=1)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, args.out)
+        from partialfc.atomic import atomic_write_bytes
+
+        atomic_write_bytes(args.out, text.encode())
     print(text)
     return 0
 

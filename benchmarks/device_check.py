@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from partialfc.atomic import atomic_write_bytes
 from partialfc.classifier import PartialFC, RowSparseSGD
 from partialfc.losses.margins import ArcFaceMargin, CombinedMargin, CosFaceMargin
 
@@ -378,10 +378,7 @@ def main() -> int:
     for name, fn, fn_args in plan:
         if wanted is None or name in wanted:
             fn(*fn_args)
-    tmp = f"{args.out}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(RESULTS, f, indent=1, default=str)
-    os.replace(tmp, args.out)
+    atomic_write_bytes(args.out, json.dumps(RESULTS, indent=1, default=str).encode())
     failed = [k for k, v in RESULTS.items() if isinstance(v, dict) and v.get("ok") is False]
     print("FAILED: " + ", ".join(failed) if failed else "all device checks passed")
     return 1 if failed else 0

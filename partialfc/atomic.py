@@ -1,16 +1,54 @@
 """Atomic file output: write to a temporary file in the target's directory, then rename.
 
 A reader (or a crash) never sees a half-written checkpoint, gallery, export or report: the
-file is either the old one or the complete new one (``os.replace`` is atomic on POSIX).
+file is either the old one or the complete new one (``os.replace`` is atomic on POSIX). The
+temporary file is created with mode ``0o666`` minus the umask, like a plain ``open(path, "w")``,
+so the result has the permissions any other file written by the user would have.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+class AtomicFile:
+    """A temporary file next to ``path``; :meth:`commit` moves it onto ``path``,
+    :meth:`discard` removes it.
+
+    For writers that stream into the file between other calls (``RecordIOWriter``); a block of
+    code uses :func:`atomic_output` instead. The folder of ``path`` must exist.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        folder = self.path.parent
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{self.path}: folder {folder} does not exist")
+        while True:
+            tmp = folder / f".{self.path.name}.{secrets.token_hex(4)}.tmp"
+            try:  # O_EXCL: never reuse a file someone else created; 0o666 & ~umask like open()
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                continue
+            os.close(fd)
+            break
+        self.tmp = tmp
+        self.done = False
+
+    def commit(self) -> None:
+        """Move the temporary file onto ``path``."""
+        os.replace(self.tmp, self.path)
+        self.done = True
+
+    def discard(self) -> None:
+        """Remove the temporary file (``path`` is left as it was)."""
+        if not self.done:
+            self.tmp.unlink(missing_ok=True)
+            self.done = True
 
 
 @contextmanager
@@ -19,18 +57,16 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
 
     The writer inside the block may be any library call that takes a file name
     (``torch.save``, ``safetensors.torch.save_file``, ``onnx.save_model``). On an exception the
-    temporary file is removed and ``path`` is left as it was.
+    temporary file is removed and ``path`` is left as it was. Missing parent folders are created.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    target = AtomicFile(path)
     try:
-        yield Path(tmp)
-        os.replace(tmp, path)
+        yield target.tmp
+        target.commit()
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        target.discard()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

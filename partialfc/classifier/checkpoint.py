@@ -30,6 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from partialfc.atomic import atomic_output, atomic_write_bytes
 from partialfc.classifier.collectives import all_gather_rows_no_grad, all_reduce_flag_all, barrier
 from partialfc.classifier.optim import RowSparseOptimizer
 from partialfc.classifier.partial_fc import PartialFC
@@ -89,9 +90,8 @@ def save_partial_fc_checkpoint(directory, partial_fc: PartialFC, optimizer=None)
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         meta = {"class_start": str(pfc.block.start), "class_stop": str(pfc.block.stop)}
         name = _shard_name(pfc.rank, pfc.world_size)
-        tmp = staging / (name + ".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, staging / name)
+        with atomic_output(staging / name) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
     except Exception as exc:  # noqa: BLE001 - re-raised after all ranks agree
         error = exc
     _agree(error, pfc, "writing a checkpoint shard")
@@ -127,9 +127,7 @@ def save_partial_fc_checkpoint(directory, partial_fc: PartialFC, optimizer=None)
                     + (["row_steps"] if hasattr(optimizer, "row_steps") else []),
                 },
             }
-            tmp = staging / (MANIFEST + ".tmp")
-            tmp.write_text(json.dumps(manifest, indent=1))
-            os.replace(tmp, staging / MANIFEST)
+            atomic_write_bytes(staging / MANIFEST, json.dumps(manifest, indent=1).encode())
             old = final.with_name(final.name + ".old")
             if final.exists():
                 shutil.rmtree(old, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 
@@ -34,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             help="skip unreadable images (listed in the report) instead of failing",
         )
         parser.add_argument(
+            "--max-image-pixels",
+            type=int,
+            help="refuse (or with --skip-bad skip) images whose header claims more pixels "
+            "(default 8192 x 8192 = 67108864, or $PARTIALFC_MAX_IMAGE_PIXELS)",
+        )
+        parser.add_argument(
             "--remap-labels",
             action="store_true",
             help="list file: map sorted distinct labels to 0..K-1",
@@ -45,6 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (ValueError, OSError) as err:  # RecordIOError, unreadable images, full disk, ...
+        print(f"partialfc {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     from partialfc.data.datasets import read_list_file, scan_image_folder
     from partialfc.data.pack import pack_images, unpack_records
 
@@ -52,6 +67,15 @@ def run(args: argparse.Namespace) -> int:
         count = unpack_records(args.input, args.output, args.idx)
         print(json.dumps({"images": count, "output": str(args.output)}))
         return 0
+    for option, value, low, high in [
+        ("--max-image-pixels", args.max_image_pixels, 1, None),
+        ("--resize", args.resize, 1, None),
+        ("--quality", args.quality, 0, 100),
+        ("--workers", args.workers, 1, None),
+    ]:
+        if value is not None and (value < low or (high is not None and value > high)):
+            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"{option} must be {bound}, got {value}")
     source = Path(args.source)
     if source.is_dir():
         paths, labels, _ = scan_image_folder(source)
@@ -66,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         resize=args.resize,
         quality=args.quality,
         skip_bad=args.skip_bad,
+        max_pixels=args.max_image_pixels,
     )
     print(
         json.dumps(

@@ -41,12 +41,14 @@ class PackReport:
     has_header: bool
 
 
-def _prepare(path: str, resize: int | None, quality: int) -> tuple[bytes | None, str]:
+def _prepare(
+    path: str, resize: int | None, quality: int, max_pixels: int | None = None
+) -> tuple[bytes | None, str]:
     """Worker: read and check one image -> (bytes to store, error message or "")."""
     try:
         with open(path, "rb") as f:
             data = f.read()
-        image = decode_image(data, path)
+        image = decode_image(data, path, max_pixels=max_pixels)
     except (OSError, ValueError) as err:
         return None, f"{path}: unreadable image ({err})"
     if resize:
@@ -74,11 +76,15 @@ def pack_images(
     quality: int = 95,
     skip_bad: bool = False,
     progress: bool = True,
+    max_pixels: int | None = None,
 ) -> PackReport:
     """Write ``paths`` with ``labels`` (contiguous 0..K-1) to ``rec_path`` (+ ``.idx``).
 
-    Unreadable images raise ValueError naming the file, unless ``skip_bad`` (then they are
-    listed in the report; an identity left without images is still an error).
+    Unreadable images (including any whose header claims more than ``max_pixels`` pixels,
+    default :func:`partialfc.data.decode.max_image_pixels`) raise ValueError naming the file,
+    unless ``skip_bad`` (then they are listed in the report; an identity left without images
+    is still an error). The output folder must exist. On any failure, a full disk included,
+    no temporary file is left behind and an existing ``rec_path`` is untouched.
     """
     labels = np.asarray(labels, dtype=np.int64)
     if len(paths) != len(labels):
@@ -88,7 +94,9 @@ def pack_images(
     num_classes = check_contiguous_labels(labels, "pack_images labels")
     order = np.argsort(labels, kind="stable") if header else np.arange(len(labels))
     rec_path = Path(rec_path)
-    work = partial(_prepare, resize=resize, quality=quality)
+    if not rec_path.parent.is_dir():
+        raise FileNotFoundError(f"{rec_path}: output folder {rec_path.parent} does not exist")
+    work = partial(_prepare, resize=resize, quality=quality, max_pixels=max_pixels)
     items = [paths[i] for i in order]
     skipped: list[str] = []
     written_labels: list[int] = []
@@ -156,8 +164,9 @@ def unpack_records(
     lines = []
     try:
         tmp.mkdir(parents=True)
-        for key in tqdm(dataset.keys, desc=f"unpack {Path(rec_path).name}", disable=not progress):
-            label, data = dataset._read(int(key))
+        keys = tqdm(dataset.keys, desc=f"unpack {Path(rec_path).name}", disable=not progress)
+        for index, key in enumerate(keys):
+            label, data = dataset.read_record(index)
             rel = f"{label:0{width}d}/{int(key):08d}{image_extension(data)}"
             (tmp / rel).parent.mkdir(exist_ok=True)
             (tmp / rel).write_bytes(data)

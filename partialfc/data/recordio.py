@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from partialfc.atomic import AtomicFile, atomic_write_bytes
 from partialfc.data.datasets import LabelledDataset, Transform
 from partialfc.data.decode import decode_image, to_chw_tensor
 
@@ -228,6 +229,22 @@ class RecordIOReader:
                     f"{self.rec_path}: offset {offset} (record id {key} in {self.idx_path}) does "
                     "not start a record: .idx and .rec do not match"
                 )
+        # the last indexed record must end where the file ends: a truncated .idx would
+        # otherwise silently yield a smaller data set (a damaged last record is reported, or
+        # skipped, when it is read)
+        last = int(np.argmax(index.offsets))
+        key, offset = int(index.keys[last]), int(index.offsets[last])
+        try:
+            end = self.read_at(offset, key, int(index.spans[last]))[1]
+        except RecordIOError:
+            return
+        if end != self.size:
+            raise RecordIOError(
+                f"{self.idx_path}: the last indexed record (id {key} at offset {offset}) ends at "
+                f"byte {end}, but {self.rec_path} has {self.size} bytes: the index is truncated "
+                "or belongs to another file (rebuild it with "
+                "partialfc.data.recordio.build_index(rec_path))"
+            )
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -343,31 +360,32 @@ def build_index(rec_path: str | os.PathLike, idx_path: str | os.PathLike | None 
         lines.append(f"{header.id}\t{offset}\n")
     reader.close()
     idx_path = Path(idx_path) if idx_path else reader.rec_path.with_suffix(".idx")
-    tmp = idx_path.with_name(f".{idx_path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text("".join(lines))
-        os.replace(tmp, idx_path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(idx_path, "".join(lines).encode())
     return idx_path
 
 
 class RecordIOWriter:
     """Write records (``write(key, payload)``) to ``.rec`` + ``.idx``.
 
-    Writes go to temporary files in the target folder; ``close()`` renames both into place,
-    so a crash or exception never leaves a half-written set under the final names. Use as a
-    context manager: leaving the block with an exception discards the temporaries.
+    Writes go to temporary files in the target folder (:class:`partialfc.atomic.AtomicFile`);
+    ``close()`` renames both into place, so a crash or exception never leaves a half-written
+    set under the final names. Use as a context manager: leaving the block with an exception
+    (a full disk included) removes the temporaries. The target folder must exist.
     """
 
     def __init__(self, rec_path: str | os.PathLike, idx_path: str | os.PathLike | None = None):
         self.rec_path = Path(rec_path)
         self.idx_path = Path(idx_path) if idx_path else self.rec_path.with_suffix(".idx")
-        suffix = f".tmp-{os.getpid()}"
-        self._rec_tmp = self.rec_path.with_name(f".{self.rec_path.name}{suffix}")
-        self._idx_tmp = self.idx_path.with_name(f".{self.idx_path.name}{suffix}")
-        self._rec = open(self._rec_tmp, "wb")
-        self._idx = open(self._idx_tmp, "w")
+        self._targets: list[AtomicFile] = []
+        try:
+            for path in (self.rec_path, self.idx_path):
+                self._targets.append(AtomicFile(path))
+            self._rec = open(self._targets[0].tmp, "wb")  # noqa: SIM115 - closed in close()
+            self._idx = open(self._targets[1].tmp, "w")  # noqa: SIM115
+        except BaseException:
+            for target in self._targets:
+                target.discard()
+            raise
         self._keys: set[int] = set()
         self.count = 0
 
@@ -375,23 +393,38 @@ class RecordIOWriter:
         if key in self._keys:
             raise ValueError(f"{self.rec_path}: duplicate record id {key}")
         self._keys.add(key)
-        self._idx.write(f"{int(key)}\t{self._rec.tell()}\n")
-        self._rec.write(frame_record(payload))
+        try:
+            self._idx.write(f"{int(key)}\t{self._rec.tell()}\n")
+            self._rec.write(frame_record(payload))
+        except OSError as err:
+            raise OSError(err.errno, f"{self.rec_path}: cannot write: {err.strerror}") from err
         self.count += 1
 
     def close(self) -> None:
-        if self._rec.closed:
+        """Flush both files and move them into place (on failure nothing is left behind)."""
+        if all(target.done for target in self._targets):
             return
-        self._rec.close()
-        self._idx.close()
-        os.replace(self._rec_tmp, self.rec_path)
-        os.replace(self._idx_tmp, self.idx_path)
+        try:
+            self._rec.close()
+            self._idx.close()
+            for target in self._targets:
+                target.commit()
+        except OSError as err:
+            self.abort()
+            raise OSError(err.errno, f"{self.rec_path}: cannot write: {err.strerror}") from err
+        except BaseException:
+            self.abort()
+            raise
 
     def abort(self) -> None:
-        self._rec.close()
-        self._idx.close()
-        self._rec_tmp.unlink(missing_ok=True)
-        self._idx_tmp.unlink(missing_ok=True)
+        """Remove the temporary files; the final names are left as they were."""
+        for f in (self._rec, self._idx):
+            try:
+                f.close()
+            except OSError:  # a failed flush (full disk) while closing: the file goes anyway
+                pass
+        for target in self._targets:
+            target.discard()
 
     def __enter__(self):
         return self
@@ -412,23 +445,62 @@ class RecordLayout:
     has_header: bool
 
 
+def _key_range(header: IRHeader, where: str) -> tuple[int, int]:
+    """The ``(start, end)`` key range in the label vector of a header or identity record."""
+    if header.flag < 2:
+        raise RecordIOError(f"{where}: flag {header.flag}, expected a (start, end) label vector")
+    start, end = (float(v) for v in header.label[:2])
+    if not all(np.isfinite(v) and v.is_integer() and 0 <= v < 2**53 for v in (start, end)):
+        raise RecordIOError(f"{where}: key range ({start:g}, {end:g}) is not two whole numbers")
+    return int(start), int(end)
+
+
 def read_layout(reader: RecordIOReader) -> RecordLayout:
     """Detect the InsightFace header record (key 0, flag > 0, no image data) and list the
-    image keys."""
-    if 0 in reader.index:
-        header, data = unpack_record(reader.read(0), f"{reader.rec_path}: record id 0")
-        if header.flag > 0 and not data:  # a header record carries no image bytes
-            first_identity, end = (int(v) for v in np.asarray(header.label)[:2])
-            ranges = []
-            for key in range(first_identity, end):
-                ident, _ = unpack_record(reader.read(key), f"{reader.rec_path}: record id {key}")
-                ranges.append([int(v) for v in np.asarray(ident.label)[:2]])
-            return RecordLayout(
-                image_keys=np.arange(1, first_identity, dtype=np.int64),
-                identity_ranges=np.asarray(ranges, dtype=np.int64).reshape(-1, 2),
-                has_header=True,
-            )
-    return RecordLayout(reader.keys.copy(), None, False)
+    image keys. The header's identity records must cover the image keys ``1 ..
+    first_identity - 1`` in order, without gaps or overlaps; otherwise RecordIOError."""
+    if 0 not in reader.index:
+        return RecordLayout(reader.keys.copy(), None, False)
+    header, data = unpack_record(reader.read(0), f"{reader.rec_path}: record id 0")
+    if header.flag == 0 or data:  # a header record carries no image bytes
+        return RecordLayout(reader.keys.copy(), None, False)
+    where = f"{reader.rec_path}: header record (id 0)"
+    first_identity, end = _key_range(header, where)
+    n = len(reader.index)
+    if not 1 <= first_identity <= end <= n:
+        raise RecordIOError(
+            f"{where}: identity records {first_identity}..{end - 1} do not fit the {n} records "
+            f"of {reader.idx_path}"
+        )
+    ranges = np.empty((end - first_identity, 2), dtype=np.int64)
+    for row, key in enumerate(range(first_identity, end)):
+        source = f"{reader.rec_path}: identity record id {key}"
+        ranges[row] = _key_range(unpack_record(reader.read(key), source)[0], source)
+    # the ranges must tile the image keys 1 .. first_identity - 1 in order
+    starts, ends = ranges[:, 0], ranges[:, 1]
+    expected = np.concatenate([[1], ends[:-1]])
+    bad = np.flatnonzero((starts != expected) | (ends < starts))
+    if bad.size:
+        row = int(bad[0])
+        key = first_identity + row
+        after = f"the end of identity record id {key - 1}" if row else "the first image key"
+        raise RecordIOError(
+            f"{reader.rec_path}: identity record id {key}: key range ({starts[row]}, "
+            f"{ends[row]}) should start at {expected[row]} ({after}) and not be reversed"
+        )
+    if (ends[-1] if len(ends) else 1) != first_identity:
+        raise RecordIOError(
+            f"{where}: identity records start at key {first_identity}, but the identity "
+            f"ranges end at key {ends[-1] if len(ends) else 1} (identity record id {end - 1})"
+        )
+    image_keys = np.arange(1, first_identity, dtype=np.int64)
+    rows = np.searchsorted(reader.index.keys, image_keys)
+    found = rows < n
+    found[found] = reader.index.keys[rows[found]] == image_keys[found]
+    if not found.all():
+        missing = int(image_keys[np.flatnonzero(~found)[0]])
+        raise RecordIOError(f"{reader.idx_path}: image record id {missing} is missing")
+    return RecordLayout(image_keys=image_keys, identity_ranges=ranges, has_header=True)
 
 
 class RecordIODataset(LabelledDataset):
@@ -436,7 +508,10 @@ class RecordIODataset(LabelledDataset):
 
     Yields (uint8 RGB tensor (3, H, W), int label): the stored JPEG/PNG is decoded with OpenCV
     and converted BGR -> RGB once (see :mod:`partialfc.data.decode`). The label is the
-    IRHeader scalar label, or the first element of its label vector.
+    IRHeader scalar label, or the first element of its label vector. It is checked on every
+    read: with a header record it must equal the identity whose key range holds the record;
+    without one it must be a whole number in ``[0, N)`` for N images. A record that fails
+    (a flipped bit, an inf or NaN label) is a RecordIOError like any other damaged record.
 
     on_error: "raise" -> RecordIOError naming file, offset and record id; "skip" -> substitute
     the next good record and append the bad key to ``skipped`` (per process). ``verify()``
@@ -480,7 +555,7 @@ class RecordIODataset(LabelledDataset):
             else:
                 labels = np.empty(len(self.keys), dtype=np.int64)
                 for i, key in enumerate(self.keys):
-                    labels[i] = self._read(int(key))[0]
+                    labels[i] = self._checked_label(self._read(int(key))[0], int(key), i)
             self._labels = labels
         return self._labels
 
@@ -488,23 +563,45 @@ class RecordIODataset(LabelledDataset):
         offset = self.reader.index.offset(key)
         return f"{self.reader.rec_path}: record id {key} at offset {offset}"
 
-    def _read(self, key: int) -> tuple[int, bytes]:
-        """(label, encoded image bytes) of record ``key``."""
+    def _read(self, key: int) -> tuple[float, bytes]:
+        """(stored label, unchecked; encoded image bytes) of record ``key``."""
         payload = self.reader.payload(key)
         if len(payload) >= _IRHEADER.size:  # fast path: scalar label (image records)
             flag, label = _FLAG_LABEL.unpack_from(payload)
             if flag == 0:
-                return int(label), payload[_IRHEADER.size :]
+                return label, payload[_IRHEADER.size :]
         try:
             header, data = unpack_record(payload)
         except RecordIOError as err:
             raise RecordIOError(f"{self._where(key)}: {err}") from None
         label = header.label if header.flag == 0 else header.label[0]
-        return int(label), data
+        return float(label), data
+
+    def _checked_label(self, value: float, key: int, index: int) -> int:
+        if self.layout.identity_ranges is not None:
+            expected = int(self.labels[index])
+            if value == expected:
+                return expected
+            raise RecordIOError(
+                f"{self._where(key)}: label {value:.10g} disagrees with the header record's "
+                f"identity ranges, which put this record in identity {expected}"
+            )
+        if 0 <= value < len(self.keys) and float(value).is_integer():
+            return int(value)
+        raise RecordIOError(
+            f"{self._where(key)}: label {value:.10g} is not a class id (a whole number in "
+            f"[0, {len(self.keys)}) for a set of {len(self.keys)} images)"
+        )
+
+    def read_record(self, index: int) -> tuple[int, bytes]:
+        """(checked label, encoded image bytes) of the ``index``-th image."""
+        key = int(self.keys[index])
+        value, data = self._read(key)
+        return self._checked_label(value, key, index), data
 
     def _load_item(self, index: int):
         key = int(self.keys[index])
-        label, data = self._read(key)
+        label, data = self.read_record(index)
         try:
             image = to_chw_tensor(decode_image(data, grayscale=self.grayscale), copy=False)
         except ValueError as err:

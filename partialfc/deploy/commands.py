@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from partialfc.deploy.verify import check_finite_rows
+
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     if command == "export":
@@ -78,6 +80,23 @@ def _hwc(image) -> np.ndarray:
     return a[0] if a.shape[0] == 1 else a.transpose(1, 2, 0)
 
 
+def describe_rows(dataset, names):
+    """``i -> "<image file or record>, identity <name>"`` for error messages."""
+    paths, keys = getattr(dataset, "paths", None), getattr(dataset, "keys", None)
+    labels = dataset.labels
+
+    def describe(i: int) -> str:
+        if paths is not None:
+            where = str(paths[i])
+        elif keys is not None:
+            where = f"record id {int(keys[i])}"
+        else:
+            where = f"image {i}"
+        return f"{where}, identity {names[int(labels[i])]}"
+
+    return describe
+
+
 def embed_dataset(embedder, dataset, flip: bool, batch_size: int, desc: str) -> np.ndarray:
     """Raw (unnormalised) embeddings ``(N, d)`` of every image, with a progress bar."""
     out = []
@@ -116,8 +135,22 @@ def _atomic_savez(path: Path, **arrays) -> None:
 
 
 # ---------------------------------------------------------------------- commands
+def _check_options(args) -> None:
+    """Numeric options in range (ValueError naming the option)."""
+    checks = [
+        ("--batch-size", getattr(args, "batch_size", None), lambda v: v >= 1, ">= 1"),
+        ("--top-k", getattr(args, "top_k", None), lambda v: v >= 1, ">= 1"),
+        ("--far", getattr(args, "far", None), lambda v: 0 < v < 1, "in (0, 1)"),
+        ("--opset", getattr(args, "opset", None), lambda v: 7 <= v <= 100, "in [7, 100]"),
+    ]
+    for option, value, ok, bound in checks:
+        if value is not None and not ok(value):
+            raise ValueError(f"{option} must be {bound}, got {value}")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        _check_options(args)
         return {"export": _export, "embed": _embed, "verify": _verify, "search": _search}[
             args.command
         ](args)
@@ -148,6 +181,7 @@ def _embed(args) -> int:
     embedder = _load(args)
     dataset, names = open_labelled_set(args.input, embedder.spec.in_channels == 1)
     raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "embed")
+    check_finite_rows(raw, args.input, describe_rows(dataset, names))
     _atomic_savez(
         Path(args.out),
         embeddings=_normalize(raw).astype(np.float32),
@@ -164,9 +198,10 @@ def _threshold(args, embedder):
 
     if args.threshold:
         return CalibratedThreshold.load(args.threshold)
-    dataset, _ = open_labelled_set(args.calibrate, embedder.spec.in_channels == 1)
+    dataset, names = open_labelled_set(args.calibrate, embedder.spec.in_channels == 1)
     raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "calibrate")
-    t = calibrate(_normalize(raw), dataset.labels, args.far)
+    check_finite_rows(raw, args.calibrate, describe_rows(dataset, names))
+    t = calibrate(_normalize(raw), dataset.labels, args.far, source=args.calibrate)
     low, high = t.far_interval_95
     print(
         f"threshold {t.threshold:.4f} at FAR {t.target_far:g}: {t.false_accepts} of "
@@ -198,10 +233,17 @@ def _verify(args) -> int:
         chunk = pairs[start : start + args.batch_size]
         a = embedder.embed(read_images([p for p, _ in chunk], grey), flip=args.flip)
         b = embedder.embed(read_images([q for _, q in chunk], grey), flip=args.flip)
+        for side, e in ((0, a), (1, b)):
+            check_finite_rows(e, args.pairs or "--pair", _pair_image(chunk, start, side))
         result = decide(a, b, threshold)
         for (p, q), s, ok in zip(chunk, result.score, result.accept, strict=True):
-            print(json.dumps({"a": p, "b": q, "score": round(float(s), 6), "match": bool(ok)}))
+            row = {"a": p, "b": q, "score": round(float(s), 6), "match": bool(ok)}
+            print(json.dumps(row, allow_nan=False))
     return 0
+
+
+def _pair_image(chunk, start: int, side: int):
+    return lambda i: f"{chunk[i][side]}, pair {start + i + 1}"
 
 
 def _search(args) -> int:
@@ -221,6 +263,7 @@ def _search(args) -> int:
     if args.enroll:
         dataset, names = open_labelled_set(args.enroll, grey)
         raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "enroll")
+        check_finite_rows(raw, args.enroll, describe_rows(dataset, names))
         for label in np.unique(dataset.labels):
             gallery.enroll(names[label], raw[dataset.labels == label])
         changed = True
@@ -238,6 +281,7 @@ def _search(args) -> int:
             sources = (
                 list(paths) if paths is not None else [f"{query}#{i}" for i in range(len(raw))]
             )
+        check_finite_rows(raw, str(query), lambda i: sources[i])
         threshold = CalibratedThreshold.load(args.threshold) if args.threshold else None
         result = gallery.search(raw, k=args.top_k)
         for src, ids, scores in zip(sources, result.identities, result.scores, strict=True):
@@ -253,5 +297,5 @@ def _search(args) -> int:
                 top = row["matches"][0] if row["matches"] else None
                 hit = top is not None and top["score"] >= threshold.threshold
                 row["accepted"] = top["identity"] if hit else None
-            print(json.dumps(row))
+            print(json.dumps(row, allow_nan=False))
     return 0

@@ -8,14 +8,18 @@ templates (``faiss.IndexIDMap(IndexFlatIP)``), i.e. cosine similarity.
 
 File format (one ``.npz``, written atomically, read with ``allow_pickle=False``)::
 
-    meta    uint8 bytes of JSON: {"format": "partialfc.gallery", "version": 1, "dim": d,
+    meta    uint8 bytes of JSON: {"format": "partialfc.gallery", "version": 2, "dim": d,
             "model": str | null, "names": [...], "next_id": int, "sha256": hex}
     ids     int64 (n,)      stable faiss ids, one per identity, in the order of "names"
     sums    float64 (n, d)  sum of the identity's raw embeddings
     counts  int64 (n,)      number of embeddings summed
 
-``sha256`` covers ids, sums and counts; a file that fails to parse or whose digest differs is
-refused with :class:`GalleryFileError` naming the file.
+``sha256`` covers every other field of ``meta`` and the three arrays. A file that fails to
+parse, whose digest differs, or whose contents are inconsistent (duplicate names or ids, a
+``next_id`` that would hand out an id already in use, counts below 1, non-finite sums) is
+refused with :class:`GalleryFileError` naming the file. Version 1 files, whose digest covered
+only the arrays, are still read (with the same consistency checks) and are written back as
+version 2.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import numpy as np
 from partialfc.atomic import atomic_write_bytes
 
 GALLERY_FORMAT = "partialfc.gallery"
-GALLERY_VERSION = 1
+GALLERY_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 class GalleryFileError(ValueError):
@@ -42,7 +47,7 @@ class GalleryFileError(ValueError):
 
 @dataclass(frozen=True)
 class SearchResult:
-    """Top-k matches per query; ``identities[i][j]`` is None where the gallery ran out."""
+    """Top-k matches per query (k clamped to the gallery size), best first."""
 
     identities: list[list[str | None]]
     scores: np.ndarray  # (m, k) float32 cosine, -inf where no match
@@ -53,8 +58,12 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def _digest(ids: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> str:
+def _digest(ids: np.ndarray, sums: np.ndarray, counts: np.ndarray, meta: dict | None) -> str:
+    """sha256 of the arrays and (version 2) every ``meta`` field but the digest itself."""
     h = hashlib.sha256()
+    if meta is not None:
+        fields = {k: v for k, v in meta.items() if k != "sha256"}
+        h.update(json.dumps(fields, sort_keys=True, ensure_ascii=True).encode())
     for a in (ids, sums, counts):
         h.update(str(a.dtype).encode() + str(a.shape).encode())
         h.update(np.ascontiguousarray(a).tobytes())
@@ -142,12 +151,19 @@ class Gallery:
 
     # ------------------------------------------------------------------ search
     def search(self, queries: np.ndarray, k: int = 5) -> SearchResult:
-        """Top-``k`` identities by cosine for each row of ``queries`` ``(m, d)``."""
+        """Top-``k`` identities by cosine for each row of ``queries`` ``(m, d)``; at most
+        ``len(self)`` per query (``k`` is clamped to the gallery size)."""
         q = np.atleast_2d(np.asarray(queries, dtype=np.float32))
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise ValueError(f"queries must be (m, {self.dim}), got {q.shape}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        bad = np.flatnonzero(~np.isfinite(q).all(axis=1))
+        if bad.size:
+            raise ValueError(f"query rows {bad[:10].tolist()} contain NaN or inf")
+        k = min(int(k), len(self))
+        if k == 0:
+            return SearchResult([[] for _ in range(len(q))], np.zeros((len(q), 0), np.float32))
         scores, ids = self._index.search(np.ascontiguousarray(_normalize(q)), k)
         by_id = {v: n for n, v in self._names.items()}
         names = [[by_id.get(int(i)) if i >= 0 else None for i in row] for row in ids]
@@ -174,8 +190,8 @@ class Gallery:
             "model": self.model,
             "names": names,
             "next_id": self._next_id,
-            "sha256": _digest(ids, sums, counts),
         }
+        meta["sha256"] = _digest(ids, sums, counts, meta)
         buffer = io.BytesIO()
         meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         np.savez(buffer, meta=meta_bytes, ids=ids, sums=sums, counts=counts)
@@ -193,23 +209,57 @@ class Gallery:
             meta = json.loads(arrays["meta"].tobytes().decode())
         except Exception as err:  # noqa: BLE001 - zip, zlib, JSON and key errors alike
             raise GalleryFileError(f"{path}: not a readable gallery file ({err})") from None
-        if meta.get("format") != GALLERY_FORMAT or meta.get("version") != GALLERY_VERSION:
-            raise GalleryFileError(f"{path}: not a {GALLERY_FORMAT} v{GALLERY_VERSION} file")
-        ids, sums, counts = arrays["ids"], arrays["sums"], arrays["counts"]
-        if _digest(ids, sums, counts) != meta.get("sha256"):
-            raise GalleryFileError(f"{path}: checksum mismatch: the file is corrupted")
-        names = meta["names"]
-        n, dim = len(names), int(meta["dim"])
-        if ids.shape != (n,) or sums.shape != (n, dim) or counts.shape != (n,):
+        if not isinstance(meta, dict) or meta.get("format") != GALLERY_FORMAT:
+            raise GalleryFileError(f"{path}: not a {GALLERY_FORMAT} file")
+        version = meta.get("version")
+        if version not in _READABLE_VERSIONS:
             raise GalleryFileError(
-                f"{path}: array shapes disagree with {n} identities of dim {dim}"
+                f"{path}: {GALLERY_FORMAT} version {version!r}; this partialfc reads versions "
+                f"{', '.join(map(str, _READABLE_VERSIONS))}"
             )
+        ids, sums, counts = arrays["ids"], arrays["sums"], arrays["counts"]
+        if _digest(ids, sums, counts, meta if version >= 2 else None) != meta.get("sha256"):
+            raise GalleryFileError(f"{path}: checksum mismatch: the file is corrupted")
+        _check_contents(path, meta, ids, sums, counts)
+        names, dim = meta["names"], meta["dim"]
         gallery = cls(dim, meta.get("model"))
-        gallery._next_id = int(meta["next_id"])
+        gallery._next_id = meta["next_id"]
         for name, faiss_id, total, c in zip(names, ids, sums, counts, strict=True):
             gallery._names[name] = int(faiss_id)
             gallery._sums[name] = total.copy()
             gallery._counts[name] = int(c)
-        if n:
+        if names:
             gallery._index.add_with_ids(_normalize(sums), ids)
         return gallery
+
+
+def _check_contents(path: Path, meta: dict, ids, sums, counts) -> None:
+    """Consistency of a gallery file's fields (GalleryFileError naming the file and field)."""
+
+    def fail(message: str):
+        raise GalleryFileError(f"{path}: {message}")
+
+    dim, names, next_id, model = (meta.get(k) for k in ("dim", "names", "next_id", "model"))
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        fail(f"dim {dim!r} is not a positive integer")
+    if model is not None and not isinstance(model, str):
+        fail(f"model {model!r} is not a string")
+    if not isinstance(names, list) or not all(isinstance(x, str) and x for x in names):
+        fail("names is not a list of non-empty strings")
+    n = len(names)
+    if len(set(names)) != n:
+        fail("names contains duplicates")
+    if ids.dtype != np.int64 or counts.dtype != np.int64 or sums.dtype != np.float64:
+        fail(f"array types {ids.dtype}/{sums.dtype}/{counts.dtype}, expected int64/float64/int64")
+    if ids.shape != (n,) or sums.shape != (n, dim) or counts.shape != (n,):
+        fail(f"array shapes disagree with {n} identities of dim {dim}")
+    if (ids < 0).any() or len(np.unique(ids)) != n:
+        fail("ids are not distinct non-negative integers")
+    largest = int(ids.max()) if n else -1
+    if not isinstance(next_id, int) or isinstance(next_id, bool) or next_id <= largest:
+        fail(f"next_id {next_id!r} is not above every id in use (largest {largest})")
+    if (counts < 1).any():
+        fail(f"identity {names[int(np.argmin(counts))]!r} has count < 1")
+    finite = np.isfinite(sums).all(axis=1)
+    if not finite.all():
+        fail(f"identity {names[int(np.argmin(finite))]!r} has NaN or inf in its sum")

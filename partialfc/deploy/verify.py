@@ -30,6 +30,24 @@ from partialfc.eval.tar_at_far import threshold_from_top_impostors
 THRESHOLD_FORMAT = "partialfc.threshold"
 
 
+def check_finite_rows(embeddings, what: str = "embeddings", describe=None, shown: int = 5) -> None:
+    """Raise ValueError naming the rows of ``embeddings`` ``(n, d)`` that hold NaN or inf.
+
+    ``describe(i)`` names row ``i`` (its image file, record, identity); a model that produces
+    non-finite outputs must not turn into thresholds, scores or matches.
+    """
+    e = np.asarray(embeddings)
+    bad = np.flatnonzero(~np.isfinite(e.reshape(len(e), -1)).all(axis=1)) if e.size else []
+    if len(bad):
+        rows = ", ".join(
+            f"row {i}" + (f" ({describe(int(i))})" if describe else "") for i in bad[:shown]
+        )
+        more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+        raise ValueError(
+            f"{what}: {len(bad)} of {len(e)} embeddings contain NaN or inf: {rows}{more}"
+        )
+
+
 @dataclass(frozen=True)
 class CalibratedThreshold:
     """Accept a pair when ``cosine >= threshold``."""
@@ -66,16 +84,20 @@ class CalibratedThreshold:
             raise ValueError(f"{path}: not a calibrated threshold file: {err}") from None
 
 
-def calibrate(embeddings: np.ndarray, labels, target_far: float) -> CalibratedThreshold:
+def calibrate(
+    embeddings: np.ndarray, labels, target_far: float, source: str = "calibration embeddings"
+) -> CalibratedThreshold:
     """Threshold at ``target_far`` from all different-label pairs of L2-normalised embeddings.
 
     Pairs are scored blockwise (``partialfc.eval.score_all_pairs``) keeping only the highest
-    ``k + 1`` impostor scores, so large calibration sets fit in memory.
+    ``k + 1`` impostor scores, so large calibration sets fit in memory. Rows with NaN or inf
+    are refused (ValueError naming ``source`` and the rows with their labels).
     """
     embeddings = np.asarray(embeddings, dtype=np.float32)
     labels = np.asarray(labels).reshape(-1)
     if embeddings.ndim != 2 or embeddings.shape[0] != labels.size:
         raise ValueError(f"embeddings {embeddings.shape} and labels ({labels.size},) disagree")
+    check_finite_rows(embeddings, source, lambda i: f"label {labels[i]}")
     n_pairs = labels.size * (labels.size - 1) // 2
     keep = int(min(n_pairs, np.floor(target_far * n_pairs) + 2))
     summary = score_all_pairs(embeddings, labels, keep_top=max(keep, 1))
@@ -89,7 +111,12 @@ def threshold_from_impostors(
 ) -> CalibratedThreshold:
     """Threshold from impostor scores (all of them, or the top ones with ``n_impostor``):
     the smallest float32 value above the ``(k+1)``-th highest, ``k = floor(FAR · n)``."""
-    scores = np.sort(as_scores(impostor_scores, "impostor_scores"))[::-1]
+    scores = np.asarray(impostor_scores, dtype=np.float64).reshape(-1)
+    if not np.isfinite(scores).all():
+        raise ValueError(
+            f"impostor scores: {int((~np.isfinite(scores)).sum())} of {scores.size} are NaN or inf"
+        )
+    scores = np.sort(as_scores(scores, "impostor_scores"))[::-1]
     n = scores.size if n_impostor is None else int(n_impostor)
     chosen = threshold_from_top_impostors(scores, n, target_far, score_dtype=np.float32)
     far = proportion(chosen.false_accepts, chosen.n_impostor, 0.95)
@@ -117,6 +144,8 @@ def decide(embeddings_a, embeddings_b, threshold: CalibratedThreshold) -> Verifi
     b = np.atleast_2d(np.asarray(embeddings_b, dtype=np.float32))
     if a.shape != b.shape:
         raise ValueError(f"pair arrays differ in shape: {a.shape} vs {b.shape}")
+    check_finite_rows(a, "first images of the pairs")
+    check_finite_rows(b, "second images of the pairs")
     score = np.einsum("nd,nd->n", a, b)
     accept = score >= threshold.threshold
     return Verification(score, accept, threshold.threshold, threshold.target_far)

@@ -4,10 +4,9 @@ axis, CMC). Every number in the Markdown carries its counts. Files are written a
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from partialfc.atomic import atomic_write_bytes
+from partialfc.atomic import atomic_output, atomic_write_bytes
 
 from .reports import IdentificationReport, VerificationReport, roc_points
 from .results import to_jsonable
@@ -25,9 +24,8 @@ def _plot(path: Path, draw) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
         fig.tight_layout()
-        tmp = path.with_name(f".{path.name}.tmp.png")
-        fig.savefig(tmp)
-        os.replace(tmp, path)
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, format="png")
     finally:
         plt.close(fig)
 

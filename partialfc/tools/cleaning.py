@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from partialfc.atomic import atomic_output, atomic_write_bytes
 
 DEFAULT_THRESHOLD_DEG = 75.0
 
@@ -302,21 +302,6 @@ def own_class_subcenter_cosines(
 # ---------------------------------------------------------------------------- outputs
 
 
-_FILE_MODE = 0o644  # mkstemp creates 0600; outputs are ordinary readable files
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def plot_angle_histogram(result: CleaningResult, path: str | Path) -> Path:
     """PNG histogram of the angle to the dominant center, one colour per group, with the
     threshold marked."""
@@ -350,10 +335,11 @@ def plot_angle_histogram(result: CleaningResult, path: str | Path) -> Path:
     ax.set_ylabel("samples")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -363,12 +349,12 @@ def write_report(result: CleaningResult, out_dir: str | Path, extra: dict | None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {**result.summary(), **(extra or {})}
-    _atomic_write(out_dir / "report.json", json.dumps(summary, indent=2).encode())
+    atomic_write_bytes(out_dir / "report.json", json.dumps(summary, indent=2).encode())
     per_class = result.per_class()
     lines = ["class,samples,kept,dominant_assigned,dominant_subcenter"]
     for c in range(len(result.dominant_subcenter)):
         lines.append(",".join([str(c), *(str(int(per_class[key][c])) for key in per_class)]))
-    _atomic_write(out_dir / "per_class.csv", ("\n".join(lines) + "\n").encode())
+    atomic_write_bytes(out_dir / "per_class.csv", ("\n".join(lines) + "\n").encode())
     plot_angle_histogram(result, out_dir / "angles.png")
     return summary
 
@@ -391,7 +377,7 @@ def write_cleaned_set(dataset, keep: np.ndarray, out_dir: str | Path, clean_labe
         raise ValueError(f"keep has shape {keep.shape} for a set of {labels.shape[0]} samples")
     indices = np.flatnonzero(keep)
     text = "".join(f"{i}\t{labels[i]}\n" for i in indices)
-    _atomic_write(out_dir / "kept.lst", text.encode())
+    atomic_write_bytes(out_dir / "kept.lst", text.encode())
     if hasattr(dataset, "images"):
         arrays = {
             "images": np.asarray(dataset.images)[indices],
@@ -400,15 +386,8 @@ def write_cleaned_set(dataset, keep: np.ndarray, out_dir: str | Path, clean_labe
         }
         if clean_labels is not None:
             arrays["clean_labels"] = np.asarray(clean_labels, dtype=np.int64)[indices]
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".cleaned.", suffix=".npz")
-        os.close(fd)
-        try:
-            np.savez(tmp, **arrays)
-            os.chmod(tmp, _FILE_MODE)
-            os.replace(tmp, out_dir / "cleaned.npz")
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_output(out_dir / "cleaned.npz") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **arrays)
         return out_dir / "cleaned.npz"
     if hasattr(dataset, "reader") and hasattr(dataset, "keys"):
         from partialfc.data.recordio import RecordIOWriter

@@ -12,7 +12,10 @@ A checkpoint is a directory ``<run>/checkpoints/step-00001234/`` holding
 * ``meta.json``             step, epoch, world size, the resolved config.
 
 The directory is written under a temporary name and renamed into place, so a crash never leaves
-a half-written checkpoint under a real name.
+a half-written checkpoint under a real name. Likewise a checkpoint is deleted (pruned or
+replaced) by first renaming it to a hidden trash name in the same folder: a crash in the
+middle of the deletion leaves only trash, which :func:`remove_leftovers` clears when training
+starts and which is never listed or loaded as a checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,9 @@ from torch import nn
 from partialfc.atomic import atomic_output, atomic_write_bytes
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
+TRASH_PREFIX = ".trash-"
+# what a crash can leave in a checkpoint folder: trash, and unfinished ``.step-N.tmp`` staging
+_LEFTOVER_PATTERN = re.compile(r"^(\.trash-.*|\.step-\d{8}\.tmp)$")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -63,9 +70,34 @@ def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
 
 
+def discard_directory(path: Path) -> None:
+    """Delete ``path`` by renaming it to a hidden trash name in the same folder first, so that
+    an interrupted deletion never leaves a half-deleted checkpoint under its real name."""
+    path = Path(path)
+    trash = path.with_name(f"{TRASH_PREFIX}{path.name}.{secrets.token_hex(4)}")
+    path.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_leftovers(checkpoint_dir: Path) -> list[str]:
+    """Delete the trash and unfinished staging directories an interrupted run left in
+    ``checkpoint_dir``; returns their names."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return []
+    found = sorted(p for p in checkpoint_dir.iterdir() if _LEFTOVER_PATTERN.match(p.name))
+    for path in found:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return [p.name for p in found]
+
+
 def prune_checkpoints(checkpoint_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints (through :func:`discard_directory`)."""
     for old in list_checkpoints(checkpoint_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        discard_directory(old)
 
 
 # ---------------------------------------------------------------------- RNG states

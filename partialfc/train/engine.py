@@ -59,7 +59,7 @@ from partialfc.train.distributed import (
 )
 from partialfc.train.extra_losses import ExtraLoss, StepContext, TripletTerm
 from partialfc.train.lr_schedule import WarmupLR
-from partialfc.train.metrics_log import MetricsLog, Progress
+from partialfc.train.metrics_log import MetricsLog, Progress, drop_records_after
 
 
 class NonFiniteLossError(RuntimeError):
@@ -136,6 +136,9 @@ class Trainer:
         else:  # a new run never writes into an earlier run's folder
             self.run_dir = self._unused_run_dir(Path(cfg.run.output_dir) / cfg.run.name)
         self.checkpoint_dir = self.run_dir / "checkpoints"
+        if self.ctx.is_main:  # trash and staging an interrupted run left behind
+            ckpt.remove_leftovers(self.checkpoint_dir)
+        barrier(self.ctx)
 
         # ---- data
         base_set = train_set if train_set is not None else build_train_set(cfg.data)
@@ -210,6 +213,7 @@ class Trainer:
         self.consecutive_nonfinite = 0
         self.skipped_steps = 0
         self.log = MetricsLog(None)  # fit() opens the run's metrics.jsonl
+        self.resumed_step: int | None = None  # set by load_checkpoint
         self.progress = Progress(self.total_steps, 0, enabled=False)
         if cfg.checkpoint.init_from:
             self._init_backbone_from(cfg.checkpoint.init_from)
@@ -390,6 +394,9 @@ class Trainer:
         if is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
+        if is_main and self.resumed_step is not None:  # the steps after it are trained again
+            drop_records_after(self.run_dir / "metrics.jsonl", self.resumed_step)
+        self.resumed_step = None
         barrier(self.ctx)
         self.log = MetricsLog(
             self.run_dir / "metrics.jsonl" if is_main else None,
@@ -570,9 +577,7 @@ class Trainer:
         barrier(self.ctx)
         if self.ctx.is_main:
             if final.exists():
-                import shutil
-
-                shutil.rmtree(final)
+                ckpt.discard_directory(final)
             tmp.rename(final)
             ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.checkpoint.keep_last)
         barrier(self.ctx)
@@ -607,6 +612,7 @@ class Trainer:
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.batches_in_epoch = int(state["batches_in_epoch"])
+        self.resumed_step = self.step
         rng_file = path / f"rng-rank{self.ctx.rank}.pt"
         if rng_file.is_file() and meta["world_size"] == self.ctx.world_size:
             ckpt.restore_rng_state(ckpt.safe_torch_load(rng_file))

@@ -2,7 +2,8 @@
 
 Every record is one JSON object per line with ``step`` and ``kind`` (``train``, ``diagnostics``,
 ``eval``, ``nonfinite``, ...) so a run can be plotted with ``pandas.read_json(lines=True)``.
-Only rank 0 writes.
+Only rank 0 writes. A run resumed from step S first drops the records it will write again
+(:func:`drop_records_after`), so each step's records appear once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 import sys
 import time
 from pathlib import Path
+
+from partialfc.atomic import atomic_write_bytes
 
 
 def _jsonable(value):
@@ -24,6 +27,32 @@ def _jsonable(value):
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
+
+
+def drop_records_after(path: Path, step: int) -> int:
+    """Rewrite ``path`` atomically without the records a run resumed at ``step`` writes again:
+    those with a later step, the ``done`` marker, and a last line cut short by a crash.
+    Lines that are not records are kept. Returns the number of lines dropped."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines(keepends=True):
+        if not line.endswith("\n"):
+            dropped += 1
+            continue
+        try:
+            record = json.loads(line)
+            later = int(record["step"]) > step or record.get("kind") == "done"
+        except (ValueError, KeyError, TypeError, AttributeError):
+            later = False
+        if later:
+            dropped += 1
+        else:
+            keep.append(line)
+    if dropped:
+        atomic_write_bytes(path, "".join(keep).encode())
+    return dropped
 
 
 class MetricsLog:

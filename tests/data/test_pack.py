@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -41,7 +45,7 @@ def test_pack_roundtrip_equals_source(omniglot_folder, tmp_path, header):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.idx", "o.rec"]  # no temporaries
 
 
-def test_cli_pack_list_file_and_unpack(omniglot_folder, tmp_path):
+def test_cli_pack_list_file_and_unpack(omniglot_folder, tmp_path, capsys):
     root, source_images, source_labels = omniglot_folder
     folder = ImageFolderDataset(root)
     order = np.random.default_rng(0).permutation(60)  # a list file in arbitrary order
@@ -61,8 +65,8 @@ def test_cli_pack_list_file_and_unpack(omniglot_folder, tmp_path):
         assert torch.equal(packed[i][0], folder[j][0]) and packed[i][1] == folder[j][1]
         assert torch.equal(unpacked[i][0], folder[j][0]) and unpacked[i][1] == folder[j][1]
         assert listed[i][1] == folder[j][1]
-    with pytest.raises(FileExistsError, match="already exists"):
-        cli_main(["unpack", str(tmp_path / "t.rec"), str(tmp_path / "out")])
+    assert cli_main(["unpack", str(tmp_path / "t.rec"), str(tmp_path / "out")]) == 2
+    assert f"partialfc unpack: {tmp_path / 'out'}: already exists" in capsys.readouterr().err
 
 
 def test_pack_resize_reencodes_jpeg(omniglot_folder, tmp_path):
@@ -117,3 +121,108 @@ def test_unreadable_image_in_folder_dataset(tmp_path):
         ds[1]
     skipping = ImageFolderDataset(tmp_path, on_error="skip")
     assert int(skipping[1][0][0, 0, 0]) == 7 and skipping.skipped[0].endswith("zz.png")
+
+
+def test_image_whose_header_claims_too_many_pixels_is_refused_or_skipped(
+    omniglot_folder, tmp_path, capsys
+):
+    import json
+
+    from tests.data.test_decode import png_claiming
+
+    root, _, _ = omniglot_folder
+    folder = ImageFolderDataset(root)
+    src = tmp_path / "src"
+    for path, label in zip(folder.paths[:4], [0, 0, 1, 1], strict=True):
+        (src / str(label)).mkdir(parents=True, exist_ok=True)
+        (src / str(label) / Path(path).name).write_bytes(Path(path).read_bytes())
+    (src / "1" / "zz_huge.png").write_bytes(png_claiming(60000, 60000))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert cli_main(["pack", str(src), str(out / "h.rec"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "zz_huge.png: unreadable image" in err and "60000 x 60000 = 3600000000 pixels" in err
+    assert list(out.iterdir()) == []
+    assert cli_main(["pack", str(src), str(out / "h.rec"), "--workers", "1", "--skip-bad"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["images"] == 4 and len(report["skipped"]) == 1
+    assert (
+        "zz_huge.png" in report["skipped"][0]
+        and "above the limit of 67108864" in (report["skipped"][0])
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["h.idx", "h.rec"]
+    # the limit is an option: 28 x 28 drawings are above a 700-pixel limit
+    args = ["pack", str(src), str(out / "s.rec"), "--workers", "1", "--max-image-pixels", "700"]
+    assert cli_main(args) == 2
+    assert "28 x 28 = 784 pixels, above the limit of 700" in capsys.readouterr().err
+    assert cli_main([*args[:-1], "0"]) == 2
+    assert "--max-image-pixels must be >= 1, got 0" in capsys.readouterr().err
+
+
+class _FullDisk:
+    """A file whose writes fail with ENOSPC after ``room`` bytes; closing it then fails too,
+    as the final flush of a buffered file on a full disk does (``fail_at_close``: closing
+    fails even though every write went through)."""
+
+    def __init__(self, f, room: int, fail_at_close: bool):
+        self.f, self.room, self.fail_at_close = f, room, fail_at_close
+
+    @staticmethod
+    def _full():
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def write(self, data):
+        self.room -= len(data)
+        if self.room < 0:
+            raise self._full()
+        return self.f.write(data)
+
+    def tell(self):
+        return self.f.tell()
+
+    @property
+    def closed(self):
+        return self.f.closed
+
+    def close(self):
+        self.f.close()
+        if self.room < 0 or self.fail_at_close:
+            raise self._full()
+
+
+@pytest.mark.parametrize("room, fail_at_close", [(0, False), (3000, False), (10**9, True)])
+def test_full_disk_leaves_no_temporary_files(
+    omniglot_folder, tmp_path, monkeypatch, room, fail_at_close
+):
+    """ENOSPC while writing, or at the final flush: the error names the output, the old
+    output is untouched, and no temporary file is left behind to keep the disk full."""
+    from partialfc.data import recordio
+
+    root, _, _ = omniglot_folder
+    folder = ImageFolderDataset(root)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.rec").write_bytes(b"previous set")
+
+    def full_open(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)  # noqa: SIM115 - handed to the writer
+        return _FullDisk(f, room, fail_at_close) if "w" in mode else f
+
+    monkeypatch.setattr(recordio, "open", full_open, raising=False)
+    with pytest.raises(OSError, match=r"old.rec: cannot write: No space left on device") as info:
+        pack_images(folder.paths[:10], [0] * 5 + [1] * 5, out / "old.rec", progress=False)
+    assert info.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in out.iterdir()) == ["old.rec"]
+    assert (out / "old.rec").read_bytes() == b"previous set"
+
+
+def test_pack_into_a_missing_folder_names_it(omniglot_folder, tmp_path, capsys):
+    root, _, _ = omniglot_folder
+    folder = ImageFolderDataset(root)
+    target = tmp_path / "missing" / "x.rec"
+    with pytest.raises(FileNotFoundError, match=rf"^{target}: output folder .*missing does not"):
+        pack_images(folder.paths[:2], [0, 0], target, progress=False)
+    assert cli_main(["pack", str(root), str(target), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{target}: output folder {target.parent} does not exist" in err and ".tmp" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -226,3 +226,158 @@ def test_dataset_pickles_for_spawned_workers(tmp_path):
     clone = pickle.loads(pickle.dumps(ds))  # the memory map is not pickled; it is re-made
     assert clone.reader._map is None
     assert np.array_equal(clone[1][0].numpy(), first.numpy()) and clone[1][1] == 1
+
+
+# ---------------------------------------------------------------- damaged and hostile sets
+
+
+def header_set(tmp_path, labels=(0, 0, 1, 1, 2, 2, 3), name="hs"):
+    """InsightFace layout: images 1..N (label = identity), identity records, header at 0."""
+    imgs = images(len(labels))
+    n, k = len(labels), max(labels) + 1
+    records = [(0, hand_payload([n + 1.0, n + 1.0 + k], 0))]
+    records += [
+        (i + 1, hand_payload(labels[i], i + 1, encode_image(imgs[i], ".png"))) for i in range(n)
+    ]
+    starts = [1 + labels.index(c) for c in range(k)]
+    ends = starts[1:] + [n + 1]
+    records += [(n + 1 + c, hand_payload([starts[c], ends[c]], n + 1 + c)) for c in range(k)]
+    return write_hand_set(tmp_path, records, name)
+
+
+def record_offset(rec, key: int) -> int:
+    lines = rec.with_suffix(".idx").read_text().splitlines()
+    return next(int(off) for k, off in (ln.split() for ln in lines) if int(k) == key)
+
+
+def flip_label_bit(rec, key: int, bit: int) -> None:
+    """Flip one bit of the float32 label in the IRHeader of record ``key``."""
+    raw = bytearray(rec.read_bytes())
+    where = record_offset(rec, key) + 8 + 4  # lrec header, then IRHeader flag
+    value = struct.unpack_from("<I", raw, where)[0] ^ (1 << bit)
+    struct.pack_into("<I", raw, where, value)
+    rec.write_bytes(bytes(raw))
+
+
+def test_truncated_idx_is_refused(tmp_path):
+    for name, rec in [("hs", header_set(tmp_path)), ("plain", plain_set(tmp_path))]:
+        idx = rec.with_suffix(".idx")
+        lines = idx.read_text().splitlines(keepends=True)
+        idx.write_text("".join(lines[:-2]))
+        with pytest.raises(
+            RecordIOError,
+            match=rf"{name}.idx: the last indexed record \(id \d+ at offset \d+\) ends at byte "
+            rf"\d+, but .*{name}.rec has {rec.stat().st_size} bytes: the index is truncated",
+        ):
+            RecordIODataset(rec)
+
+
+def plain_set(tmp_path, labels=(0, 1, 2, 3), name="plain"):
+    imgs = images(len(labels))
+    records = [
+        (i, hand_payload(label, i, encode_image(imgs[i], ".png"))) for i, label in enumerate(labels)
+    ]
+    return write_hand_set(tmp_path, records, name)
+
+
+@pytest.mark.parametrize("layout", ["header", "plain"])
+def test_bit_flipped_labels_are_damaged_records(tmp_path, layout):
+    """2.0 -> 2**33 (an exponent bit) and 3.0 -> -3.0 (the sign bit): a wrong label is refused
+    by __getitem__, listed by verify(), skipped with on_error="skip" and refused by unpack."""
+    from partialfc.data.pack import unpack_records
+
+    if layout == "header":
+        rec, keys, positions = header_set(tmp_path), (5, 7), (4, 6)  # labels 2 and 3
+        substitutes, skipped = [2, 0], [5, 7]  # the next readable record, wrapping round
+        why = r"disagrees with the header record's identity ranges, which put this record in"
+    else:
+        rec, keys, positions = plain_set(tmp_path), (2, 3), (2, 3)
+        substitutes, skipped = [0, 0], [2, 3, 3]
+        why = r"is not a class id \(a whole number in \[0, 4\) for a set of 4 images\)"
+    flip_label_bit(rec, keys[0], 28)
+    flip_label_bit(rec, keys[1], 31)
+    ds = RecordIODataset(rec)
+    for key, position, shown in zip(keys, positions, ("8589934592", "-3"), strict=True):
+        where = rf"{rec.name}: record id {key} at offset {record_offset(rec, key)}"
+        with pytest.raises(RecordIOError, match=rf"{where}: label {shown} {why}"):
+            ds[position]
+    assert [key for key, _ in ds.verify()] == list(keys)
+    skipping = RecordIODataset(rec, on_error="skip")
+    assert [skipping[p][1] for p in positions] == substitutes
+    assert skipping.skipped == skipped
+    with pytest.raises(RecordIOError, match=rf"record id {keys[0]} .*label 8589934592"):
+        unpack_records(rec, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([rec.name, f"{rec.stem}.idx"])
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 1.5])
+def test_non_finite_or_fractional_labels_are_damaged_records(tmp_path, value):
+    rec = plain_set(tmp_path, labels=(0, 1, value))
+    shown = f"{value:.10g}"
+    with pytest.raises(RecordIOError, match=rf"record id 2 at offset \d+: label {shown} is not"):
+        RecordIODataset(rec)[2]
+    skipping = RecordIODataset(rec, on_error="skip")
+    assert skipping[2][1] == 0 and skipping.skipped == [2]
+    with pytest.raises(RecordIOError, match=rf"record id 2 .*label {shown} is not a class id"):
+        _ = RecordIODataset(rec).labels
+    header = header_set(tmp_path, name="h")
+    raw = bytearray(header.read_bytes())
+    struct.pack_into("<f", raw, record_offset(header, 3) + 12, value)
+    header.write_bytes(bytes(raw))
+    skipping = RecordIODataset(header, on_error="skip")
+    assert skipping[2][1] == 1 and skipping.skipped == [3]  # key 3 = image 2, replaced by image 3
+
+
+def test_identity_record_with_a_wrong_flag_is_named(tmp_path):
+    rec = header_set(tmp_path)  # identity records are keys 8..11
+    raw = bytearray(rec.read_bytes())
+    struct.pack_into("<I", raw, record_offset(rec, 9) + 8, 0)  # flag 2 -> 0
+    rec.write_bytes(bytes(raw))
+    with pytest.raises(
+        RecordIOError,
+        match=r"hs.rec: identity record id 9: flag 0, expected a \(start, end\) label vector",
+    ):
+        RecordIODataset(rec)
+
+
+@pytest.mark.parametrize(
+    "key, values, message",
+    [
+        (0, (8.0, float("inf")), r"header record \(id 0\): key range \(8, inf\) is not two whole"),
+        (0, (8.0, 4e9), r"header record \(id 0\): identity records 8..3999999999 do not fit the"),
+        (
+            0,
+            (2.0**40, 2.0**40 + 4),
+            r"header record \(id 0\): identity records 1099511627776\.\.\d+ do not fit the 12",
+        ),
+        (
+            9,
+            (3.0, 6.0),
+            r"identity record id 10: key range \(5, 7\) should start at 6 \(the end "
+            r"of identity record id 9\)",
+        ),
+        (8, (2.0, 3.0), r"identity record id 8: key range \(2, 3\) should start at 1 \(the first"),
+        (9, (5.0, 3.0), r"identity record id 9: key range \(5, 3\) should start at 3 .*reversed"),
+        (10, (5.0, float("nan")), r"identity record id 10: key range \(5, nan\) is not two"),
+        (
+            11,
+            (7.0, 9.0),
+            r"header record \(id 0\): identity records start at key 8, but the "
+            r"identity ranges end at key 9 \(identity record id 11\)",
+        ),
+    ],
+)
+def test_corrupted_header_or_identity_ranges_are_refused(tmp_path, key, values, message):
+    rec = header_set(tmp_path)  # header (8, 12); identities [1,3) [3,5) [5,7) [7,8)
+    raw = bytearray(rec.read_bytes())
+    struct.pack_into("<2f", raw, record_offset(rec, key) + 8 + 24, *values)
+    rec.write_bytes(bytes(raw))
+    with pytest.raises(RecordIOError, match=rf"hs.rec: {message}"):
+        RecordIODataset(rec)
+
+
+def test_intact_header_set_reads_back(tmp_path):
+    ds = RecordIODataset(header_set(tmp_path))
+    np.testing.assert_array_equal(ds.layout.identity_ranges, [[1, 3], [3, 5], [5, 7], [7, 8]])
+    assert [ds[i][1] for i in range(len(ds))] == [0, 0, 1, 1, 2, 2, 3] and ds.verify() == []

@@ -57,12 +57,13 @@ def test_search_equals_brute_force_after_updates(enrolled):
     assert len(gallery) == 57 and "id03" not in gallery
 
 
-def test_search_beyond_gallery_size_pads_with_none():
+def test_search_beyond_gallery_size_returns_every_identity_once():
     gallery = Gallery(dim=4)
     gallery.enroll("a", np.eye(4)[:1])
+    gallery.enroll("b", np.eye(4)[1:2])
     result = gallery.search(np.eye(4)[:1], k=3)
-    assert result.identities == [["a", None, None]]
-    assert result.scores[0, 0] == pytest.approx(1.0) and np.isneginf(result.scores[0, 1:]).all()
+    assert result.identities == [["a", "b"]]
+    np.testing.assert_allclose(result.scores, [[1.0, 0.0]], atol=1e-6)
 
 
 def test_save_and_reopen_gives_identical_gallery(enrolled, tmp_path):

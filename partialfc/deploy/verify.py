@@ -114,7 +114,7 @@ def threshold_from_impostors(
     scores = np.asarray(impostor_scores, dtype=np.float64).reshape(-1)
     if not np.isfinite(scores).all():
         raise ValueError(
-            f"impostor scores: {int((~np.isfinite(scores)).sum())} of {scores.size} are NaN or inf"
+            f"impostor_scores: {int((~np.isfinite(scores)).sum())} of {scores.size} are NaN or inf"
         )
     scores = np.sort(as_scores(scores, "impostor_scores"))[::-1]
     n = scores.size if n_impostor is None else int(n_impostor)

@@ -32,7 +32,7 @@ def test_calibrate_names_non_finite_rows(bad):
         r"\(label 3\)$",
     ):
         calibrate(e, labels, 0.1, source="cal.rec")
-    with pytest.raises(ValueError, match=r"impostor scores: 1 of 3 are NaN or inf"):
+    with pytest.raises(ValueError, match=r"impostor_scores: 1 of 3 are NaN or inf"):
         threshold_from_impostors(np.array([0.2, bad, 0.1]), 0.5)
 
 

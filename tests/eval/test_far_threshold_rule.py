@@ -112,5 +112,5 @@ def test_bad_arguments_name_themselves():
         summary = summary_of([0.5], [0.1, 0.2, 0.3])
         summary.top_impostor_scores = summary.top_impostor_scores[::-1]
         summary.tar_at_far(0.5)
-    with pytest.raises(ValueError, match="impostor_scores contains 1 non-finite"):
+    with pytest.raises(ValueError, match="impostor_scores: 1 of 2 are NaN or inf"):
         threshold_from_impostors(np.array([0.1, np.nan]), 0.5)

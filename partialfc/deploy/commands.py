@@ -9,7 +9,9 @@
 
 ``MODEL`` is anything ``Embedder.load`` accepts (exported dir, .onnx, training run or
 checkpoint). ``INPUT`` is a folder of aligned faces (``root/<identity>/<image>``), a RecordIO
-``.rec`` set, or (for queries and pairs) single image files.
+``.rec`` set, or (for queries and pairs) single image files. With ``--detect`` inputs are
+photos (a file, a folder of photos or ``root/<identity>/<photo>``): the largest face of each
+(``--all-faces``: every face) is detected and aligned to the model's input first.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto")
     parser.add_argument("--flip", action="store_true", help="flip test: f(x) + f(mirror(x))")
     parser.add_argument("--batch-size", type=int, default=256)
+    from partialfc.detect.commands import add_detect_arguments
+
+    add_detect_arguments(parser)  # --detect: inputs are photos, faces are detected and aligned
     if command == "embed":
         parser.add_argument("input", help="image folder or .rec set")
         parser.add_argument("--out", required=True, help="output .npz")
@@ -103,6 +108,26 @@ def read_images(paths: list[str], grayscale: bool) -> np.ndarray:
     return np.stack(images)
 
 
+def _sources(dataset, path) -> np.ndarray:
+    """Source of every row: the image path, or ``<file.rec>#<index>`` for a RecordIO set."""
+    paths = getattr(dataset, "paths", None)
+    if paths is not None:
+        return np.asarray(list(paths), dtype=str)
+    return np.asarray([f"{path}#{i}" for i in range(len(dataset))], dtype=str)
+
+
+def _embed_labelled(embedder, path, args, desc: str):
+    """``(raw embeddings, labels, identity names, sources)`` of a labelled set or photos."""
+    if getattr(args, "detect", False):
+        from partialfc.detect.deploy import embed_photos
+
+        rows = embed_photos(embedder, path, args, desc)
+        return rows.raw, rows.labels, rows.names, rows.sources
+    dataset, names = open_labelled_set(path, embedder.spec.in_channels == 1)
+    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, desc)
+    return raw, np.asarray(dataset.labels), names, list(_sources(dataset, path))
+
+
 def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -146,14 +171,22 @@ def _load(args):
 
 def _embed(args) -> int:
     embedder = _load(args)
-    dataset, names = open_labelled_set(args.input, embedder.spec.in_channels == 1)
-    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "embed")
+    if args.detect:
+        from partialfc.detect.deploy import embed_photos
+
+        rows = embed_photos(embedder, args.input, args, "embed")
+        raw, labels, names, provenance = rows.raw, rows.labels, rows.names, rows.arrays()
+    else:
+        dataset, names = open_labelled_set(args.input, embedder.spec.in_channels == 1)
+        raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "embed")
+        labels, provenance = dataset.labels, {"sources": _sources(dataset, args.input)}
     _atomic_savez(
         Path(args.out),
         embeddings=_normalize(raw).astype(np.float32),
         norms=np.linalg.norm(raw, axis=1).astype(np.float32),
-        labels=np.asarray(dataset.labels, dtype=np.int64),
+        labels=np.asarray(labels, dtype=np.int64),
         identity_names=np.asarray(names, dtype=str),
+        **provenance,
     )
     print(f"{len(raw)} embeddings of dim {raw.shape[1]} written to {args.out}")
     return 0
@@ -164,9 +197,8 @@ def _threshold(args, embedder):
 
     if args.threshold:
         return CalibratedThreshold.load(args.threshold)
-    dataset, _ = open_labelled_set(args.calibrate, embedder.spec.in_channels == 1)
-    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "calibrate")
-    t = calibrate(_normalize(raw), dataset.labels, args.far)
+    raw, labels, _, _ = _embed_labelled(embedder, args.calibrate, args, "calibrate")
+    t = calibrate(_normalize(raw), labels, args.far)
     low, high = t.far_interval_95
     print(
         f"threshold {t.threshold:.4f} at FAR {t.target_far:g}: {t.false_accepts} of "
@@ -194,14 +226,28 @@ def _verify(args) -> int:
     else:
         return 0  # calibration only
     grey = embedder.spec.in_channels == 1
+    if args.detect:
+        from partialfc.detect.deploy import read_aligned_faces
+
+        def load(paths):
+            return read_aligned_faces(embedder, paths, args)
+    else:
+
+        def load(paths):
+            return read_images(paths, grey)
+
     for start in tqdm(range(0, len(pairs), args.batch_size), desc="verify", file=sys.stderr):
         chunk = pairs[start : start + args.batch_size]
-        a = embedder.embed(read_images([p for p, _ in chunk], grey), flip=args.flip)
-        b = embedder.embed(read_images([q for _, q in chunk], grey), flip=args.flip)
+        a = embedder.embed(load([p for p, _ in chunk]), flip=args.flip)
+        b = embedder.embed(load([q for _, q in chunk]), flip=args.flip)
         result = decide(a, b, threshold)
         for (p, q), s, ok in zip(chunk, result.score, result.accept, strict=True):
             print(json.dumps({"a": p, "b": q, "score": round(float(s), 6), "match": bool(ok)}))
     return 0
+
+
+def _box(box) -> list[float]:
+    return [round(float(v), 1) for v in box]
 
 
 def _search(args) -> int:
@@ -219,30 +265,32 @@ def _search(args) -> int:
         gallery.remove(name)
         changed = True
     if args.enroll:
-        dataset, names = open_labelled_set(args.enroll, grey)
-        raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "enroll")
-        for label in np.unique(dataset.labels):
-            gallery.enroll(names[label], raw[dataset.labels == label])
+        raw, labels, names, _ = _embed_labelled(embedder, args.enroll, args, "enroll")
+        for label in np.unique(labels):
+            gallery.enroll(names[label], raw[labels == label])
         changed = True
     if changed:
         gallery.save(path)
         print(f"{path}: {len(gallery)} identities", file=sys.stderr)
     if args.query:
-        query = Path(args.query)
-        if query.is_file() and query.suffix != ".rec":
-            sources, raw = [str(query)], embedder.embed_raw(read_images([str(query)], grey))
+        query, boxes = Path(args.query), None
+        if args.detect:
+            from partialfc.detect.deploy import embed_photos
+
+            rows = embed_photos(embedder, query, args, "query")
+            sources, raw, boxes = rows.sources, rows.raw, rows.photos.boxes()
+        elif query.is_file() and query.suffix != ".rec":
+            images = read_images([str(query)], grey)
+            sources, raw = [str(query)], embedder.embed_raw(images, flip=args.flip)
         else:
-            dataset, _ = open_labelled_set(query, grey)
-            raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "query")
-            paths = getattr(dataset, "paths", None)
-            sources = (
-                list(paths) if paths is not None else [f"{query}#{i}" for i in range(len(raw))]
-            )
+            raw, _, _, sources = _embed_labelled(embedder, query, args, "query")
         threshold = CalibratedThreshold.load(args.threshold) if args.threshold else None
         result = gallery.search(raw, k=args.top_k)
-        for src, ids, scores in zip(sources, result.identities, result.scores, strict=True):
-            row = {
-                "query": src,
+        for n, (src, ids, scores) in enumerate(
+            zip(sources, result.identities, result.scores, strict=True)
+        ):
+            row = {"query": src} if boxes is None else {"query": src, "box": _box(boxes[n])}
+            row |= {
                 "matches": [
                     {"identity": i, "score": round(float(s), 6)}
                     for i, s in zip(ids, scores, strict=True)

@@ -14,6 +14,7 @@ The same options are shared by ``pack --detect`` and ``embed|verify|search --det
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -43,10 +44,16 @@ def add_detect_arguments(parser: argparse.ArgumentParser, with_flag: bool = True
 
 
 def detector_from_args(args: argparse.Namespace):
+    """The MTCNN detector for ``--min-face-size`` [and ``--device``], built once per process."""
+    device = getattr(args, "device", None) or "cpu"
+    return _detector(device, float(args.min_face_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _detector(device: str, min_face_size: float):
     from partialfc.detect import load_detector
 
-    device = getattr(args, "device", None) or "cpu"
-    return load_detector("mtcnn", device=device, min_face_size=args.min_face_size)
+    return load_detector("mtcnn", device=device, min_face_size=min_face_size)
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:

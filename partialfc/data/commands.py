@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 
@@ -38,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             action="store_true",
             help="list file: map sorted distinct labels to 0..K-1",
         )
+        from partialfc.detect.commands import add_detect_arguments
+
+        add_detect_arguments(parser)  # --detect: align photos (to --resize or 112) first
     else:
         parser.add_argument("input", help="input .rec path")
         parser.add_argument("output", help="output folder (must not exist)")
@@ -45,14 +49,29 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from partialfc.data.datasets import read_list_file, scan_image_folder
-    from partialfc.data.pack import pack_images, unpack_records
+    from partialfc.data.pack import unpack_records
 
     if args.command == "unpack":
         count = unpack_records(args.input, args.output, args.idx)
         print(json.dumps({"images": count, "output": str(args.output)}))
         return 0
-    source = Path(args.source)
+    if args.detect:
+        from partialfc.detect.commands import aligned_copy
+
+        try:
+            with aligned_copy(args.source, args, size=args.resize or 112) as (folder, aligned):
+                args.resize = None  # the crops already have the requested size
+                return _pack(args, folder, aligned)
+        except ValueError as err:
+            print(f"partialfc pack: {err}", file=sys.stderr)
+            return 2
+    return _pack(args, Path(args.source))
+
+
+def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -> int:
+    from partialfc.data.datasets import read_list_file, scan_image_folder
+    from partialfc.data.pack import pack_images
+
     if source.is_dir():
         paths, labels, _ = scan_image_folder(source)
     else:
@@ -75,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 "skipped": report.skipped,
                 "rec": report.rec_path,
                 "idx": report.idx_path,
+                **({"aligned": aligned} if aligned is not None else {}),
             }
         )
     )

@@ -14,9 +14,11 @@ The same options are shared by ``pack --detect`` and ``embed|verify|search --det
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 REPORT_FILENAME = "align_report.json"
@@ -140,3 +142,27 @@ def run(args: argparse.Namespace) -> int:
         print("partialfc align: no face aligned", file=sys.stderr)
         return 2
     return 0
+
+
+@contextlib.contextmanager
+def aligned_copy(source: str | Path, args: argparse.Namespace, size: int = 112):
+    """``pack --detect``: align the photos under ``source`` into a temporary folder.
+
+    Yields ``(folder, summary)``; the summary lists photos with no face or several faces.
+    """
+    source = Path(source)
+    if not source.is_dir():
+        raise ValueError(f"{source}: --detect needs a photo folder (root/<identity>/<photo>)")
+    with tempfile.TemporaryDirectory(prefix="partialfc-align-") as tmp:
+        report = align_folder(
+            source,
+            Path(tmp) / "aligned",
+            detector_from_args(args),
+            size=size,
+            all_faces=args.all_faces,
+            skip_bad=getattr(args, "skip_bad", False),
+        )
+        if report["faces"] == 0:
+            raise ValueError(f"{source}: no face found in any of {report['photos']} photo(s)")
+        summary = {k: report[k] for k in ("photos", "faces", "no_face", "several_faces")}
+        yield Path(tmp) / "aligned", summary

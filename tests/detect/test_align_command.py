@@ -54,3 +54,19 @@ def test_align_errors_are_clear(tmp_path, capsys):
     _write(tmp_path / "src" / "wall.png", np.full((80, 80, 3), 128, np.uint8))
     assert main(["align", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
     assert "no face aligned" in capsys.readouterr().err
+
+
+def test_pack_detect_packs_aligned_faces(lfw_photos, tmp_path, capsys):
+    from partialfc.data import RecordIODataset
+
+    src = tmp_path / "photos"
+    _write(src / "alice" / "a1.jpg", lfw_photos[0][1])
+    _write(src / "bob" / "b1.jpg", lfw_photos[1][1])
+    _write(src / "bob" / "wall.jpg", np.full((90, 90, 3), 128, np.uint8))
+    rec = tmp_path / "faces.rec"
+    assert main(["pack", str(src), str(rec), "--detect", "--workers", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["images"] == 2 and summary["classes"] == 2
+    assert summary["aligned"]["no_face"] == [str(src / "bob" / "wall.jpg")]
+    image, label = RecordIODataset(rec)[1][:2]
+    assert tuple(image.shape) == (3, 112, 112) and label == 1

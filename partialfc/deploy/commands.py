@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     if command == "export":
         parser.add_argument("checkpoint", help="training checkpoint directory or run folder")
         parser.add_argument("out_dir", help="directory for backbone.onnx/.safetensors + spec")
-        parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
+        parser.add_argument(
+            "--opset", type=int, default=18, help="ONNX opset, 11 or later (default 18)"
+        )
         parser.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
         return
     parser.add_argument("model", help="exported dir, .onnx file, or training checkpoint/run")

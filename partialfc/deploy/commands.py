@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto")
     parser.add_argument("--flip", action="store_true", help="flip test: f(x) + f(mirror(x))")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     from partialfc.detect.commands import add_detect_arguments
 
     add_detect_arguments(parser)  # --detect: inputs are photos, faces are detected and aligned
@@ -168,7 +169,7 @@ def _export(args) -> int:
 def _load(args):
     from partialfc.deploy.embedder import Embedder
 
-    return Embedder.load(args.model, backend=args.backend)
+    return Embedder.load(args.model, backend=args.backend, device=args.device)
 
 
 def _embed(args) -> int:

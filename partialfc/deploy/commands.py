@@ -150,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
             args.command
         ](args)
     except (ValueError, FileNotFoundError, KeyError) as err:
-        print(f"partialfc {args.command}: {err}", file=sys.stderr)
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"partialfc {args.command}: {message}", file=sys.stderr)
         return 2
 
 
@@ -216,6 +217,8 @@ def _threshold(args, embedder):
 def _verify(args) -> int:
     from partialfc.deploy.verify import decide
 
+    if args.threshold and not (args.pair or args.pairs):
+        raise ValueError("--threshold needs pairs to score: give --pair A B or --pairs FILE")
     embedder = _load(args)
     threshold = _threshold(args, embedder)
     if args.pairs:
@@ -257,6 +260,8 @@ def _search(args) -> int:
     from partialfc.deploy.gallery import Gallery
     from partialfc.deploy.verify import CalibratedThreshold
 
+    if not (args.enroll or args.remove or args.query):
+        raise ValueError("nothing to do: give --enroll, --query and/or --remove")
     embedder = _load(args)
     path = Path(args.gallery)
     gallery = Gallery.open(path) if path.exists() else Gallery(embedder.embedding_dim, args.model)

@@ -28,6 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             help="plain im2rec layout (keys 0..N-1, no identity records)",
         )
         parser.add_argument("--resize", type=int, help="re-encode as SIZE x SIZE JPEG")
+        parser.add_argument(
+            "--fit",
+            choices=("pad", "crop", "stretch"),
+            default="pad",
+            help="--resize of non-square images: pad to a square with black (default), "
+            "crop the centred square, or stretch",
+        )
         parser.add_argument("--quality", type=int, default=95, help="JPEG quality with --resize")
         parser.add_argument(
             "--skip-bad",
@@ -84,6 +91,7 @@ def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -
         header=not args.no_header,
         resize=args.resize,
         quality=args.quality,
+        fit=args.fit,
         skip_bad=args.skip_bad,
     )
     print(
@@ -94,6 +102,7 @@ def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -
                 "skipped": report.skipped,
                 "rec": report.rec_path,
                 "idx": report.idx_path,
+                **({"resize": {"size": args.resize, "fit": args.fit}} if args.resize else {}),
                 **({"aligned": aligned} if aligned is not None else {}),
             }
         )

@@ -117,3 +117,17 @@ def test_unreadable_image_in_folder_dataset(tmp_path):
         ds[1]
     skipping = ImageFolderDataset(tmp_path, on_error="skip")
     assert int(skipping[1][0][0, 0, 0]) == 7 and skipping.skipped[0].endswith("zz.png")
+
+
+def test_fit_square_pads_crops_or_stretches_a_portrait_image():
+    from partialfc.data.pack import fit_square
+
+    image = np.full((112, 92), 200, dtype=np.uint8)  # ORL-shaped, 92 wide x 112 high
+    padded = fit_square(image, 112, "pad")
+    assert padded.shape == (112, 112)
+    assert (padded[:, :10] == 0).all() and (padded[:, -10:] == 0).all()  # black side bars
+    assert (padded[:, 10:-10] == 200).all()
+    assert (fit_square(image, 56, "crop") == 200).all()  # the centred 92x92, scaled
+    assert (fit_square(image, 112, "stretch") == 200).all()
+    with pytest.raises(ValueError, match="fit must be one of pad, crop, stretch"):
+        fit_square(image, 112, "squash")

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pack an image folder or list file into RecordIO .rec/.idx",
     ),
     "unpack": ("partialfc.data.commands", "unpack a RecordIO .rec/.idx into an image folder"),
+    "align": ("partialfc.detect.commands", "detect and align faces: photos -> 112x112 crops"),
     "export": ("partialfc.deploy.commands", "export a trained backbone to ONNX + safetensors"),
     "embed": ("partialfc.deploy.commands", "embed a folder of aligned faces or a .rec set"),
     "verify": ("partialfc.deploy.commands", "score image pairs with a calibrated threshold"),

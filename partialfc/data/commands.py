@@ -28,6 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             help="plain im2rec layout (keys 0..N-1, no identity records)",
         )
         parser.add_argument("--resize", type=int, help="re-encode as SIZE x SIZE JPEG")
+        parser.add_argument(
+            "--fit",
+            choices=("pad", "crop", "stretch"),
+            default="pad",
+            help="--resize of non-square images: pad to a square with black (default), "
+            "crop the centred square, or stretch",
+        )
         parser.add_argument("--quality", type=int, default=95, help="JPEG quality with --resize")
         parser.add_argument(
             "--skip-bad",
@@ -45,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             action="store_true",
             help="list file: map sorted distinct labels to 0..K-1",
         )
+        from partialfc.detect.commands import add_detect_arguments
+
+        add_detect_arguments(parser)  # --detect: align photos (to --resize or 112) first
     else:
         parser.add_argument("input", help="input .rec path")
         parser.add_argument("output", help="output folder (must not exist)")
@@ -60,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from partialfc.data.datasets import read_list_file, scan_image_folder
-    from partialfc.data.pack import pack_images, unpack_records
+    from partialfc.data.pack import unpack_records
 
     if args.command == "unpack":
         count = unpack_records(args.input, args.output, args.idx)
@@ -76,7 +85,19 @@ def _run(args: argparse.Namespace) -> int:
         if value is not None and (value < low or (high is not None and value > high)):
             bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
             raise ValueError(f"{option} must be {bound}, got {value}")
-    source = Path(args.source)
+    if args.detect:
+        from partialfc.detect.commands import aligned_copy
+
+        with aligned_copy(args.source, args, size=args.resize or 112) as (folder, aligned):
+            args.resize = None  # the crops already have the requested size
+            return _pack(args, folder, aligned)
+    return _pack(args, Path(args.source))
+
+
+def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -> int:
+    from partialfc.data.datasets import read_list_file, scan_image_folder
+    from partialfc.data.pack import pack_images
+
     if source.is_dir():
         paths, labels, _ = scan_image_folder(source)
     else:
@@ -89,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
         header=not args.no_header,
         resize=args.resize,
         quality=args.quality,
+        fit=args.fit,
         skip_bad=args.skip_bad,
         max_pixels=args.max_image_pixels,
     )
@@ -100,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
                 "skipped": report.skipped,
                 "rec": report.rec_path,
                 "idx": report.idx_path,
+                **({"resize": {"size": args.resize, "fit": args.fit}} if args.resize else {}),
+                **({"aligned": aligned} if aligned is not None else {}),
             }
         )
     )

@@ -8,7 +8,9 @@ Record 0 is written last (readers find it through the ``.idx``), so a skipped im
 leaves a stale header. ``header=False`` writes plain im2rec-style keys 0..N-1 instead.
 
 Image bytes are stored unchanged (each file is decoded once to check it) unless ``resize``
-is given, in which case they are re-encoded as JPEG at ``quality``. Workers read and check
+is given, in which case they are re-encoded as ``resize`` x ``resize`` JPEG at ``quality``;
+non-square images are padded to a square by default (``fit="crop"``: centre-cropped,
+``fit="stretch"``: stretched, see :func:`fit_square`). Workers read and check
 images in parallel; the main process writes in order to temporary files that are renamed into
 place only when everything succeeded.
 """
@@ -41,8 +43,32 @@ class PackReport:
     has_header: bool
 
 
+RESIZE_FITS = ("pad", "crop", "stretch")
+
+
+def fit_square(image: np.ndarray, size: int, fit: str = "pad") -> np.ndarray:
+    """``size`` x ``size`` version of ``image``: ``pad`` (centre it on black, keep everything),
+    ``crop`` (centred square of the short side) or ``stretch`` (change the aspect ratio)."""
+    if fit not in RESIZE_FITS:
+        raise ValueError(f"fit must be one of {', '.join(RESIZE_FITS)}, got {fit!r}")
+    h, w = image.shape[:2]
+    if fit == "crop" and h != w:
+        side = min(h, w)
+        top, left = (h - side) // 2, (w - side) // 2
+        image = image[top : top + side, left : left + side]
+    elif fit == "pad" and h != w:
+        side = max(h, w)
+        canvas = np.zeros((side, side, *image.shape[2:]), dtype=image.dtype)
+        top, left = (side - h) // 2, (side - w) // 2
+        canvas[top : top + h, left : left + w] = image
+        image = canvas
+    if image.shape[:2] != (size, size):
+        image = cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
+    return image
+
+
 def _prepare(
-    path: str, resize: int | None, quality: int, max_pixels: int | None = None
+    path: str, resize: int | None, quality: int, fit: str = "pad", max_pixels: int | None = None
 ) -> tuple[bytes | None, str]:
     """Worker: read and check one image -> (bytes to store, error message or "")."""
     try:
@@ -52,9 +78,7 @@ def _prepare(
     except (OSError, ValueError) as err:
         return None, f"{path}: unreadable image ({err})"
     if resize:
-        if image.shape[:2] != (resize, resize):
-            image = cv2.resize(image, (resize, resize), interpolation=cv2.INTER_AREA)
-        data = encode_image(image, ".jpg", quality)
+        data = encode_image(fit_square(image, resize, fit), ".jpg", quality)
     return data, ""
 
 
@@ -74,6 +98,7 @@ def pack_images(
     header: bool = True,
     resize: int | None = None,
     quality: int = 95,
+    fit: str = "pad",
     skip_bad: bool = False,
     progress: bool = True,
     max_pixels: int | None = None,
@@ -96,7 +121,9 @@ def pack_images(
     rec_path = Path(rec_path)
     if not rec_path.parent.is_dir():
         raise FileNotFoundError(f"{rec_path}: output folder {rec_path.parent} does not exist")
-    work = partial(_prepare, resize=resize, quality=quality, max_pixels=max_pixels)
+    if fit not in RESIZE_FITS:
+        raise ValueError(f"fit must be one of {', '.join(RESIZE_FITS)}, got {fit!r}")
+    work = partial(_prepare, resize=resize, quality=quality, fit=fit, max_pixels=max_pixels)
     items = [paths[i] for i in order]
     skipped: list[str] = []
     written_labels: list[int] = []

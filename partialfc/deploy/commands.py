@@ -9,7 +9,9 @@
 
 ``MODEL`` is anything ``Embedder.load`` accepts (exported dir, .onnx, training run or
 checkpoint). ``INPUT`` is a folder of aligned faces (``root/<identity>/<image>``), a RecordIO
-``.rec`` set, or (for queries and pairs) single image files.
+``.rec`` set, or (for queries and pairs) single image files. With ``--detect`` inputs are
+photos (a file, a folder of photos or ``root/<identity>/<photo>``): the largest face of each
+(``--all-faces``: every face) is detected and aligned to the model's input first.
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     if command == "export":
         parser.add_argument("checkpoint", help="training checkpoint directory or run folder")
         parser.add_argument("out_dir", help="directory for backbone.onnx/.safetensors + spec")
-        parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
+        parser.add_argument(
+            "--opset", type=int, default=18, help="ONNX opset, 11 or later (default 18)"
+        )
         parser.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
         return
     parser.add_argument("model", help="exported dir, .onnx file, or training checkpoint/run")
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto")
     parser.add_argument("--flip", action="store_true", help="flip test: f(x) + f(mirror(x))")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    from partialfc.detect.commands import add_detect_arguments
+
+    add_detect_arguments(parser)  # --detect: inputs are photos, faces are detected and aligned
     if command == "embed":
         parser.add_argument("input", help="image folder or .rec set")
         parser.add_argument("--out", required=True, help="output .npz")
@@ -122,6 +130,28 @@ def read_images(paths: list[str], grayscale: bool) -> np.ndarray:
     return np.stack(images)
 
 
+def _sources(dataset, path) -> np.ndarray:
+    """Source of every row: the image path, or ``<file.rec>#<index>`` for a RecordIO set."""
+    paths = getattr(dataset, "paths", None)
+    if paths is not None:
+        return np.asarray(list(paths), dtype=str)
+    return np.asarray([f"{path}#{i}" for i in range(len(dataset))], dtype=str)
+
+
+def _embed_labelled(embedder, path, args, desc: str):
+    """``(raw embeddings, labels, identity names, sources)`` of a labelled set or photos."""
+    if getattr(args, "detect", False):
+        from partialfc.detect.deploy import embed_photos
+
+        rows = embed_photos(embedder, path, args, desc)
+        check_finite_rows(rows.raw, str(path), lambda i: rows.sources[i])
+        return rows.raw, rows.labels, rows.names, rows.sources
+    dataset, names = open_labelled_set(path, embedder.spec.in_channels == 1)
+    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, desc)
+    check_finite_rows(raw, str(path), describe_rows(dataset, names))
+    return raw, np.asarray(dataset.labels), names, list(_sources(dataset, path))
+
+
 def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -155,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
             args.command
         ](args)
     except (ValueError, FileNotFoundError, KeyError) as err:
-        print(f"partialfc {args.command}: {err}", file=sys.stderr)
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"partialfc {args.command}: {message}", file=sys.stderr)
         return 2
 
 
@@ -174,20 +205,29 @@ def _export(args) -> int:
 def _load(args):
     from partialfc.deploy.embedder import Embedder
 
-    return Embedder.load(args.model, backend=args.backend)
+    return Embedder.load(args.model, backend=args.backend, device=args.device)
 
 
 def _embed(args) -> int:
     embedder = _load(args)
-    dataset, names = open_labelled_set(args.input, embedder.spec.in_channels == 1)
-    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "embed")
-    check_finite_rows(raw, args.input, describe_rows(dataset, names))
+    if args.detect:
+        from partialfc.detect.deploy import embed_photos
+
+        rows = embed_photos(embedder, args.input, args, "embed")
+        raw, labels, names, provenance = rows.raw, rows.labels, rows.names, rows.arrays()
+        check_finite_rows(raw, args.input, lambda i: rows.sources[i])
+    else:
+        dataset, names = open_labelled_set(args.input, embedder.spec.in_channels == 1)
+        raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "embed")
+        check_finite_rows(raw, args.input, describe_rows(dataset, names))
+        labels, provenance = dataset.labels, {"sources": _sources(dataset, args.input)}
     _atomic_savez(
         Path(args.out),
         embeddings=_normalize(raw).astype(np.float32),
         norms=np.linalg.norm(raw, axis=1).astype(np.float32),
-        labels=np.asarray(dataset.labels, dtype=np.int64),
+        labels=np.asarray(labels, dtype=np.int64),
         identity_names=np.asarray(names, dtype=str),
+        **provenance,
     )
     print(f"{len(raw)} embeddings of dim {raw.shape[1]} written to {args.out}")
     return 0
@@ -198,10 +238,8 @@ def _threshold(args, embedder):
 
     if args.threshold:
         return CalibratedThreshold.load(args.threshold)
-    dataset, names = open_labelled_set(args.calibrate, embedder.spec.in_channels == 1)
-    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "calibrate")
-    check_finite_rows(raw, args.calibrate, describe_rows(dataset, names))
-    t = calibrate(_normalize(raw), dataset.labels, args.far, source=args.calibrate)
+    raw, labels, _, _ = _embed_labelled(embedder, args.calibrate, args, "calibrate")
+    t = calibrate(_normalize(raw), labels, args.far, source=args.calibrate)
     low, high = t.far_interval_95
     print(
         f"threshold {t.threshold:.4f} at FAR {t.target_far:g}: {t.false_accepts} of "
@@ -216,6 +254,8 @@ def _threshold(args, embedder):
 def _verify(args) -> int:
     from partialfc.deploy.verify import decide
 
+    if args.threshold and not (args.pair or args.pairs):
+        raise ValueError("--threshold needs pairs to score: give --pair A B or --pairs FILE")
     embedder = _load(args)
     threshold = _threshold(args, embedder)
     if args.pairs:
@@ -229,10 +269,20 @@ def _verify(args) -> int:
     else:
         return 0  # calibration only
     grey = embedder.spec.in_channels == 1
+    if args.detect:
+        from partialfc.detect.deploy import read_aligned_faces
+
+        def load(paths):
+            return read_aligned_faces(embedder, paths, args)
+    else:
+
+        def load(paths):
+            return read_images(paths, grey)
+
     for start in tqdm(range(0, len(pairs), args.batch_size), desc="verify", file=sys.stderr):
         chunk = pairs[start : start + args.batch_size]
-        a = embedder.embed(read_images([p for p, _ in chunk], grey), flip=args.flip)
-        b = embedder.embed(read_images([q for _, q in chunk], grey), flip=args.flip)
+        a = embedder.embed(load([p for p, _ in chunk]), flip=args.flip)
+        b = embedder.embed(load([q for _, q in chunk]), flip=args.flip)
         for side, e in ((0, a), (1, b)):
             check_finite_rows(e, args.pairs or "--pair", _pair_image(chunk, start, side))
         result = decide(a, b, threshold)
@@ -246,10 +296,16 @@ def _pair_image(chunk, start: int, side: int):
     return lambda i: f"{chunk[i][side]}, pair {start + i + 1}"
 
 
+def _box(box) -> list[float]:
+    return [round(float(v), 1) for v in box]
+
+
 def _search(args) -> int:
     from partialfc.deploy.gallery import Gallery
     from partialfc.deploy.verify import CalibratedThreshold
 
+    if not (args.enroll or args.remove or args.query):
+        raise ValueError("nothing to do: give --enroll, --query and/or --remove")
     embedder = _load(args)
     path = Path(args.gallery)
     gallery = Gallery.open(path) if path.exists() else Gallery(embedder.embedding_dim, args.model)
@@ -261,32 +317,33 @@ def _search(args) -> int:
         gallery.remove(name)
         changed = True
     if args.enroll:
-        dataset, names = open_labelled_set(args.enroll, grey)
-        raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "enroll")
-        check_finite_rows(raw, args.enroll, describe_rows(dataset, names))
-        for label in np.unique(dataset.labels):
-            gallery.enroll(names[label], raw[dataset.labels == label])
+        raw, labels, names, _ = _embed_labelled(embedder, args.enroll, args, "enroll")
+        for label in np.unique(labels):
+            gallery.enroll(names[label], raw[labels == label])
         changed = True
     if changed:
         gallery.save(path)
         print(f"{path}: {len(gallery)} identities", file=sys.stderr)
     if args.query:
-        query = Path(args.query)
-        if query.is_file() and query.suffix != ".rec":
-            sources, raw = [str(query)], embedder.embed_raw(read_images([str(query)], grey))
+        query, boxes = Path(args.query), None
+        if args.detect:
+            from partialfc.detect.deploy import embed_photos
+
+            rows = embed_photos(embedder, query, args, "query")
+            sources, raw, boxes = rows.sources, rows.raw, rows.photos.boxes()
+        elif query.is_file() and query.suffix != ".rec":
+            images = read_images([str(query)], grey)
+            sources, raw = [str(query)], embedder.embed_raw(images, flip=args.flip)
         else:
-            dataset, _ = open_labelled_set(query, grey)
-            raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "query")
-            paths = getattr(dataset, "paths", None)
-            sources = (
-                list(paths) if paths is not None else [f"{query}#{i}" for i in range(len(raw))]
-            )
+            raw, _, _, sources = _embed_labelled(embedder, query, args, "query")
         check_finite_rows(raw, str(query), lambda i: sources[i])
         threshold = CalibratedThreshold.load(args.threshold) if args.threshold else None
         result = gallery.search(raw, k=args.top_k)
-        for src, ids, scores in zip(sources, result.identities, result.scores, strict=True):
-            row = {
-                "query": src,
+        for n, (src, ids, scores) in enumerate(
+            zip(sources, result.identities, result.scores, strict=True)
+        ):
+            row = {"query": src} if boxes is None else {"query": src, "box": _box(boxes[n])}
+            row |= {
                 "matches": [
                     {"identity": i, "score": round(float(s), 6)}
                     for i, s in zip(ids, scores, strict=True)

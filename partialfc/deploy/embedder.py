@@ -27,23 +27,29 @@ from partialfc.eval.embedding import embed_images, flip_horizontal
 class TorchBackend:
     """Runs an ``nn.Module`` in eval mode, fp32, without gradients."""
 
-    def __init__(self, model: nn.Module):
-        self.model = model.eval()
+    def __init__(self, model: nn.Module, device: str | torch.device | None = None):
+        from partialfc.deploy.devices import parse_device
+
+        self.device = parse_device(device)
+        self.model = model.eval().to(self.device)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return self.model(torch.from_numpy(x)).float().numpy()
+            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
 
 
 class OnnxBackend:
-    """Runs an ONNX file with onnxruntime (CPU provider)."""
+    """Runs an ONNX file with onnxruntime (CPU provider, or CUDA on ``cuda[:N]``)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, device: str | None = None):
         import onnxruntime as ort
 
+        from partialfc.deploy.devices import ort_providers
+
         self.path = Path(path)
+        providers = ort_providers(device)
         try:
-            self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(path), providers=providers)
         except Exception as err:  # noqa: BLE001 - ORT raises several types; name the file
             raise ValueError(f"{path}: cannot load ONNX model: {err}") from None
         self.input_name = self.session.get_inputs()[0].name
@@ -66,17 +72,19 @@ class Embedder:
         self.spec = spec
 
     @classmethod
-    def from_module(cls, model: nn.Module, spec: PreprocessingSpec) -> Embedder:
-        return cls(TorchBackend(model), spec)
+    def from_module(cls, model: nn.Module, spec: PreprocessingSpec, device=None) -> Embedder:
+        return cls(TorchBackend(model, device), spec)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, backend: str = "auto") -> Embedder:
+    def load(cls, path: str | os.PathLike, backend: str = "auto", device=None) -> Embedder:
         """Load from
 
         * an exported directory (``preprocessing.json`` + ``backbone.safetensors`` [+ ONNX]);
           ``backend="onnx"`` uses its ``backbone.onnx`` with onnxruntime instead of PyTorch;
         * an ``.onnx`` file (spec from its metadata or a ``preprocessing.json`` beside it);
         * a training checkpoint directory or run folder (``model.json`` + weights).
+
+        ``device``: ``cpu`` (default), ``cuda`` or ``cuda:N`` (see ``partialfc.deploy.devices``).
         """
         if backend not in ("auto", "torch", "onnx"):
             raise ValueError(f"backend must be 'auto', 'torch' or 'onnx', got {backend!r}")
@@ -86,22 +94,22 @@ class Embedder:
         if path.is_file():
             if path.suffix != ".onnx":
                 raise ValueError(f"{path}: expected an .onnx file or a model directory")
-            return cls._load_onnx(path)
+            return cls._load_onnx(path, device=device)
         if (path / SPEC_FILENAME).is_file():
             spec = PreprocessingSpec.load(path / SPEC_FILENAME)
             if backend == "onnx":
-                return cls._load_onnx(path / "backbone.onnx", spec)
-            return cls.from_module(_load_weights(path / WEIGHTS_FILENAME, spec), spec)
+                return cls._load_onnx(path / "backbone.onnx", spec, device)
+            return cls.from_module(_load_weights(path / WEIGHTS_FILENAME, spec), spec, device)
         if backend == "onnx":
             raise ValueError(f"{path}: backend 'onnx' needs an exported directory or .onnx file")
         from partialfc.train.checkpoint import load_backbone_from_checkpoint
 
         model, model_config = load_backbone_from_checkpoint(path)
-        return cls.from_module(model, PreprocessingSpec.from_model_config(model_config))
+        return cls.from_module(model, PreprocessingSpec.from_model_config(model_config), device)
 
     @classmethod
-    def _load_onnx(cls, path: Path, spec: PreprocessingSpec | None = None) -> Embedder:
-        session = OnnxBackend(path)
+    def _load_onnx(cls, path: Path, spec: PreprocessingSpec | None = None, device=None):
+        session = OnnxBackend(path, device)
         spec = spec or session.spec()
         if spec is None and (path.parent / SPEC_FILENAME).is_file():
             spec = PreprocessingSpec.load(path.parent / SPEC_FILENAME)

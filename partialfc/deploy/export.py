@@ -15,7 +15,9 @@ the one traced, so the dynamic axis is exercised) and reports the max absolute d
 from __future__ import annotations
 
 import copy
+import io
 import json
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from partialfc.deploy.spec import SPEC_FILENAME, PreprocessingSpec
 ONNX_FILENAME = "backbone.onnx"
 WEIGHTS_FILENAME = "backbone.safetensors"
 METADATA_KEY = "partialfc.preprocessing"
+INPUT_NAME, OUTPUT_NAME = "images", "embeddings"
 
 
 class ExportCheckError(RuntimeError):
@@ -45,6 +48,8 @@ class ExportResult:
     max_abs_diff: float | None  # onnxruntime vs PyTorch on the check batch (None: not checked)
     max_abs_output: float | None  # scale of the outputs the difference is measured against
     check_batch: int
+    opset: int | None = None  # ai.onnx opset of the ONNX file
+    ir_version: int | None = None  # its IR version (onnxruntime 1.16-1.17 load IR <= 9)
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -59,29 +64,83 @@ def save_weights(model: nn.Module, spec: PreprocessingSpec, path: Path) -> None:
         save_file(state, str(tmp), metadata={METADATA_KEY: spec.to_json()})
 
 
+# The newest ONNX IR version each onnxruntime release loads (onnxruntime's compatibility
+# table); the package declares onnxruntime>=1.16, so exports must stay at IR <= 9.
+ORT_MAX_IR_VERSION = {"1.16": 9, "1.17": 9, "1.18": 10, "1.19": 10, "1.20": 10}
+ORT_FLOOR = "1.16"
+MIN_OPSET = 11
+DYNAMO_MIN_OPSET = 18  # the torch.export-based exporter writes opset 18 and later natively
+
+
+class _DropTorchvisionNotice(logging.Filter):
+    """The exporter's op registry logs one warning per torchvision op when torchvision is not
+    installed; backbones use none of them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("torchvision is not installed")
+
+
 def save_onnx(model: nn.Module, spec: PreprocessingSpec, path: Path, opset: int = 18) -> None:
-    """Trace ``model`` (eval, CPU, fp32) to ONNX with a dynamic batch axis (atomic)."""
+    """Trace ``model`` (eval, CPU, fp32) to ONNX with a dynamic batch axis (atomic).
+
+    Opset 18 and later use the ``torch.export`` exporter; opsets 11-17 the TorchScript
+    exporter, which writes them natively. The file's opset is checked to be ``opset``, and its
+    IR version is the lowest one that opset needs (IR 8 for opset 18), so the export loads on
+    every onnxruntime the package supports.
+    """
     import onnx
 
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise ValueError(f"--opset {opset} is not supported: choose {MIN_OPSET}-{newest}")
     example = torch.zeros(2, spec.in_channels, *spec.input_size)
-    batch = torch.export.Dim("batch", min=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            model,
-            (example,),
-            input_names=["images"],
-            output_names=["embeddings"],
-            dynamic_shapes=({0: batch},),
-            opset_version=opset,
-            dynamo=True,
-            verbose=False,
-        )
-    proto = program.model_proto
+    registry_logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    notice = _DropTorchvisionNotice()
+    registry_logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if opset >= DYNAMO_MIN_OPSET:
+                program = torch.onnx.export(
+                    model,
+                    (example,),
+                    input_names=[INPUT_NAME],
+                    output_names=[OUTPUT_NAME],
+                    dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+                    opset_version=opset,
+                    dynamo=True,
+                    verbose=False,
+                )
+                proto = program.model_proto
+            else:
+                buffer = io.BytesIO()
+                torch.onnx.export(
+                    model,
+                    (example,),
+                    buffer,
+                    input_names=[INPUT_NAME],
+                    output_names=[OUTPUT_NAME],
+                    dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                    opset_version=opset,
+                    dynamo=False,
+                )
+                proto = onnx.load_from_string(buffer.getvalue())
+    finally:
+        registry_logger.removeFilter(notice)
+    written = onnx_opset(proto)
+    if written != opset:
+        raise ValueError(f"the exporter wrote opset {written}, not the requested {opset}")
+    proto.ir_version = onnx.helper.find_min_ir_version_for(list(proto.opset_import))
+    onnx.checker.check_model(proto)
     entry = proto.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, spec.to_json()
     with atomic_output(path) as tmp:
         onnx.save_model(proto, str(tmp))
+
+
+def onnx_opset(proto) -> int:
+    """The default-domain (``ai.onnx``) opset of a ModelProto."""
+    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def check_onnx(model: nn.Module, spec: PreprocessingSpec, onnx_path: Path, batch: int = 3):
@@ -135,7 +194,12 @@ def export_backbone(
                 f"{onnx_path}: onnxruntime differs from PyTorch by {diff:.3g} "
                 f"(outputs up to {scale:.3g}; tolerance {rtol:g} relative)"
             )
-    return ExportResult(onnx_path, weights_path, spec_path, diff, scale, batch)
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    return ExportResult(
+        onnx_path, weights_path, spec_path, diff, scale, batch, onnx_opset(proto), proto.ir_version
+    )
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, **kwargs):

@@ -10,6 +10,7 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("model", help="checkpoint or exported model (loaded with Embedder.load)")
     parser.add_argument("--out", required=True, help="output folder for the report")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument(
         "--bin",
         action="append",
@@ -96,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
     from .embedding import with_input_size, with_shift_averaging
     from .protocols import Ijb
 
-    embedder = Embedder.load(args.model)
+    try:
+        embedder = Embedder.load(args.model, device=args.device)
+    except ValueError as err:
+        print(f"partialfc eval: {err}", file=sys.stderr)
+        return 2
     # raw (un-normalised) embeddings: protocols normalise, templates pool raw vectors first
     embed_fn = embedder.embed_raw if hasattr(embedder, "embed_raw") else embedder.embed
     input_size = getattr(getattr(embedder, "spec", None), "input_size", None)

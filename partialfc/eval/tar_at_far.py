@@ -82,9 +82,7 @@ def threshold_from_top_impostors(
     if k >= n_impostor:  # every impostor may be accepted
         return ImpostorThreshold(float(target_far), -np.inf, k, int(n_impostor), int(n_impostor))
     if top.size < k + 1:
-        raise ValueError(
-            f"top_impostor_desc: need the top {k + 1} impostor scores, got {top.size}"
-        )
+        raise ValueError(f"top_impostor_desc: need the top {k + 1} impostor scores, got {top.size}")
     if np.any(np.diff(top[: k + 1]) > 0):
         raise ValueError("top_impostor_desc must be sorted in descending order")
     boundary = float(top[k])  # s_(k+1): the first score that would make k + 1 false accepts

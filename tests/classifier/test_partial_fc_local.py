@@ -272,8 +272,10 @@ def test_local_centers_float32_is_a_copy(kw):
     """A snapshot taken before a step keeps the old values, and writing into it leaves the
     table alone (a view would make every before/after comparison trivially equal)."""
     pfc = PartialFC(10, D, ArcFaceMargin(), init_std=0.3, **kw)
-    opt = RowSparseSGD(pfc, lr=0.5) if pfc.update != "dense" else torch.optim.SGD(
-        pfc.parameters(), lr=0.5
+    opt = (
+        RowSparseSGD(pfc, lr=0.5)
+        if pfc.update != "dense"
+        else torch.optim.SGD(pfc.parameters(), lr=0.5)
     )
     snapshot = pfc.local_centers_float32()
     assert snapshot.dtype == torch.float32

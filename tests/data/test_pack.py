@@ -226,3 +226,17 @@ def test_pack_into_a_missing_folder_names_it(omniglot_folder, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{target}: output folder {target.parent} does not exist" in err and ".tmp" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fit_square_pads_crops_or_stretches_a_portrait_image():
+    from partialfc.data.pack import fit_square
+
+    image = np.full((112, 92), 200, dtype=np.uint8)  # ORL-shaped, 92 wide x 112 high
+    padded = fit_square(image, 112, "pad")
+    assert padded.shape == (112, 112)
+    assert (padded[:, :10] == 0).all() and (padded[:, -10:] == 0).all()  # black side bars
+    assert (padded[:, 10:-10] == 200).all()
+    assert (fit_square(image, 56, "crop") == 200).all()  # the centred 92x92, scaled
+    assert (fit_square(image, 112, "stretch") == 200).all()
+    with pytest.raises(ValueError, match="fit must be one of pad, crop, stretch"):
+        fit_square(image, 112, "squash")

@@ -69,3 +69,21 @@ def test_bad_input_is_a_clear_error(checkpoint, tmp_path, capsys):
     code = main(["embed", str(checkpoint), str(tmp_path / "nowhere"), "--out", "x.npz"])
     assert code == 2
     assert "nowhere: expected an image folder" in capsys.readouterr().err
+
+
+def test_commands_with_nothing_to_do_say_so(checkpoint, tmp_path, capsys):
+    assert main(["search", str(checkpoint), str(tmp_path / "g.npz")]) == 2
+    assert "nothing to do: give --enroll, --query and/or --remove" in capsys.readouterr().err
+    t = tmp_path / "t.json"
+    t.write_text("{}")
+    assert main(["verify", str(checkpoint), "--threshold", str(t)]) == 2
+    assert "--threshold needs pairs to score" in capsys.readouterr().err
+
+
+def test_errors_print_without_extra_quotes(checkpoint, folder, tmp_path, capsys):
+    gallery = tmp_path / "g.npz"
+    assert main(["search", str(checkpoint), str(gallery), "--enroll", str(folder)]) == 0
+    capsys.readouterr()
+    assert main(["search", str(checkpoint), str(gallery), "--remove", "alice"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("partialfc search: identity") and not err.endswith('"'), err

@@ -219,8 +219,8 @@ def test_eval_command_with_a_stand_in_embedder(monkeypatch, tmp_path, shared_dat
 
     class FakeEmbedder:
         @classmethod
-        def load(cls, path):
-            assert path == "model.onnx"
+        def load(cls, path, device=None):
+            assert path == "model.onnx" and device == "cpu"
             return cls()
 
         spec = types.SimpleNamespace(input_size=(20, 20))

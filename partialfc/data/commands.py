@@ -71,20 +71,21 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from partialfc.data.pack import unpack_records
+    from partialfc.ranges import Range, check_options
 
     if args.command == "unpack":
         count = unpack_records(args.input, args.output, args.idx)
         print(json.dumps({"images": count, "output": str(args.output)}))
         return 0
-    for option, value, low, high in [
-        ("--max-image-pixels", args.max_image_pixels, 1, None),
-        ("--resize", args.resize, 1, None),
-        ("--quality", args.quality, 0, 100),
-        ("--workers", args.workers, 1, None),
-    ]:
-        if value is not None and (value < low or (high is not None and value > high)):
-            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-            raise ValueError(f"{option} must be {bound}, got {value}")
+    check_options(
+        args,
+        {
+            "--max-image-pixels": Range(1, integer=True),
+            "--resize": Range(1, integer=True),
+            "--quality": Range(0, 100, integer=True),
+            "--workers": Range(1, integer=True),
+        },
+    )
     if args.detect:
         from partialfc.detect.commands import aligned_copy
 

@@ -26,6 +26,14 @@ import numpy as np
 from tqdm import tqdm
 
 from partialfc.deploy.verify import check_finite_rows
+from partialfc.ranges import Range, check_options
+
+OPTION_RANGES = {
+    "--batch-size": Range(1, integer=True),
+    "--top-k": Range(1, integer=True),
+    "--far": Range(0, 1, low_open=True, high_open=True),
+    "--opset": Range(7, 100, integer=True),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -165,22 +173,9 @@ def _atomic_savez(path: Path, **arrays) -> None:
 
 
 # ---------------------------------------------------------------------- commands
-def _check_options(args) -> None:
-    """Numeric options in range (ValueError naming the option)."""
-    checks = [
-        ("--batch-size", getattr(args, "batch_size", None), lambda v: v >= 1, ">= 1"),
-        ("--top-k", getattr(args, "top_k", None), lambda v: v >= 1, ">= 1"),
-        ("--far", getattr(args, "far", None), lambda v: 0 < v < 1, "in (0, 1)"),
-        ("--opset", getattr(args, "opset", None), lambda v: 7 <= v <= 100, "in [7, 100]"),
-    ]
-    for option, value, ok, bound in checks:
-        if value is not None and not ok(value):
-            raise ValueError(f"{option} must be {bound}, got {value}")
-
-
 def run(args: argparse.Namespace) -> int:
     try:
-        _check_options(args)
+        check_options(args, OPTION_RANGES)
         return {"export": _export, "embed": _embed, "verify": _verify, "search": _search}[
             args.command
         ](args)

@@ -85,9 +85,12 @@ def build_protocols(args: argparse.Namespace) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
+    from partialfc.ranges import Range, check_options
+
     from .evaluate import evaluate_model
 
     try:
+        check_options(args, {"--batch-size": Range(1, integer=True)})
         protocols = build_protocols(args)
     except ValueError as err:
         print(f"partialfc eval: {err}", file=sys.stderr)

@@ -484,7 +484,16 @@ def _training_set(args, ckpt: Path):
 
 
 def run(args: argparse.Namespace) -> int:
+    from partialfc.ranges import Range, check_options
+
     try:
+        check_options(
+            args,
+            {
+                "--batch-size": Range(1, integer=True),
+                "--threshold-deg": Range(0, 180, low_open=True),
+            },
+        )
         ckpt = resolve_training_checkpoint(args.checkpoint)
         dataset, data_cfg = _training_set(args, ckpt)
         noisy_mask = clean_labels = None

@@ -16,6 +16,7 @@ default, the ``T²`` keeps gradient magnitudes independent of it).
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -237,7 +238,21 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train the student of ``--config`` with the Trainer plus a :class:`DistillationTerm`."""
+    from partialfc.ranges import Range, check_options
     from partialfc.train.command import train_and_report
+
+    try:
+        check_options(
+            args,
+            {
+                "--feature-weight": Range(0),
+                "--kl-weight": Range(0),
+                "--temperature": Range(0, low_open=True),
+            },
+        )
+    except ValueError as err:
+        print(f"partialfc distill: {err}", file=sys.stderr)
+        return 2
 
     def make_extra_losses(cfg, device):
         teacher, centers, subcenters, info = load_teacher(args.teacher, device)

@@ -236,8 +236,20 @@ def run(args: argparse.Namespace) -> int:
     from partialfc.atomic import atomic_write_bytes
     from partialfc.deploy.commands import read_images
     from partialfc.deploy.embedder import Embedder, TorchBackend
+    from partialfc.ranges import Range, check_options
 
     try:
+        check_options(
+            args,
+            {
+                "--steps": Range(1, integer=True),
+                "--lr": Range(0, low_open=True),
+                "--bn-weight": Range(0),
+                "--tv-weight": Range(0),
+                "--l2-weight": Range(0),
+                "--seed": Range(0, 2**32 - 1, integer=True),
+            },
+        )
         embedder = Embedder.load(args.model, backend="torch")
         if not isinstance(embedder.backend, TorchBackend):
             raise ValueError(f"{args.model}: inversion needs PyTorch weights, not an ONNX file")

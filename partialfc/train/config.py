@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Union
 
 import yaml
+
+from partialfc.ranges import Range
 
 
 @dataclass
@@ -358,49 +361,137 @@ _CHOICES = {
 }
 
 
+_INT_0 = Range(0, integer=True)
+_INT_1 = Range(1, integer=True)
+_NONNEGATIVE = Range(0)
+_POSITIVE = Range(0, low_open=True)
+_FRACTION = Range(0, 1, high_open=True)  # [0, 1)
+
+_RANGES = {
+    "model.embedding_dim": _INT_1,
+    "data.input_size": Range(1, 4096, integer=True),
+    "data.batch_size": _INT_1,
+    "data.num_workers": _INT_0,
+    "data.pk_identities": _INT_0,
+    "data.pk_images": _INT_0,
+    "data.augment.crop_padding": _INT_0,
+    "data.augment.max_rotation_deg": Range(0, 180),
+    "data.augment.max_shift_frac": Range(0, 1),
+    "data.augment.max_scale_delta": _FRACTION,
+    "data.augment.color_jitter": Range(0, 1),
+    "head.num_classes": _INT_0,
+    "head.sample_rate": Range(0, 1, low_open=True),
+    "head.num_subcenters": _INT_1,
+    "head.negative_cos_threshold": Range(-1, 1, optional=True),
+    "head.margin.m1": _POSITIVE,
+    "head.margin.m2_rad": Range(0, math.pi, high_open=True),
+    "head.margin.m3": _FRACTION,
+    "head.margin.scale": _POSITIVE,
+    "head.margin.warmup_steps": _INT_0,
+    "head.margin.ramp_steps": _INT_0,
+    "loss.classifier_weight": _NONNEGATIVE,
+    "loss.triplet_weight": _NONNEGATIVE,
+    "loss.triplet_margin": _NONNEGATIVE,
+    "optim.lr": _POSITIVE,
+    "optim.head_lr": Range(0, low_open=True, optional=True),
+    "optim.momentum": _FRACTION,
+    "optim.weight_decay": _NONNEGATIVE,
+    "optim.eps": _POSITIVE,
+    "optim.grad_clip_norm": Range(0, low_open=True, optional=True),
+    "schedule.power": _NONNEGATIVE,
+    "schedule.gamma": _POSITIVE,
+    "train.epochs": _POSITIVE,
+    "train.seed": Range(0, 2**32 - 1, integer=True),
+    "train.max_nonfinite_steps": _INT_1,
+    "train.log_every": _INT_1,
+    "train.diagnostics_every": _INT_0,
+    "train.num_threads": _INT_0,
+    "checkpoint.every_steps": _INT_0,
+    "checkpoint.keep_last": _INT_1,
+    "eval.every_steps": _INT_0,
+    "eval.batch_size": _INT_1,
+}
+
+
+def _get(cfg: Config, dotted: str):
+    value = cfg
+    for key in dotted.split("."):
+        value = getattr(value, key)
+    return value
+
+
+def _check(name: str, value, allowed: Range, extra: str = "") -> None:
+    allowed.check(name, value, ConfigError, extra)
+
+
 def validate(cfg: Config) -> Config:
-    """Check value ranges and choices; raise :class:`ConfigError` naming the key."""
+    """Check value ranges and choices; raise :class:`ConfigError` naming the key, e.g.
+    ``data.augment.max_rotation_deg must be a finite number in [0, 180], got 1e+308``."""
     for dotted, choices in _CHOICES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
+        value = _get(cfg, dotted)
         if value not in choices:
             raise ConfigError(f"{dotted}={value!r}: choose one of {', '.join(map(str, choices))}")
-    checks = [
-        ("data.batch_size", cfg.data.batch_size >= 1),
-        ("data.num_workers", cfg.data.num_workers >= 0),
-        ("model.embedding_dim", cfg.model.embedding_dim >= 1),
-        ("head.sample_rate", 0.0 < cfg.head.sample_rate <= 1.0),
-        ("head.num_subcenters", cfg.head.num_subcenters >= 1),
-        ("optim.lr", cfg.optim.lr > 0),
-        ("train.epochs", cfg.train.epochs > 0),
-        ("train.max_nonfinite_steps", cfg.train.max_nonfinite_steps >= 1),
-        ("train.log_every", cfg.train.log_every >= 1),
-        ("train.diagnostics_every", cfg.train.diagnostics_every >= 0),
-        ("checkpoint.every_steps", cfg.checkpoint.every_steps >= 0),
-        ("eval.every_steps", cfg.eval.every_steps >= 0),
-        ("eval.shift_average_px", 0 <= cfg.eval.shift_average_px < cfg.data.input_size // 2),
-        ("schedule.warmup_epochs", 0 <= cfg.schedule.warmup_epochs < cfg.train.epochs),
-        ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1),
-        ("loss.classifier_weight", cfg.loss.classifier_weight >= 0),
-        ("loss.triplet_weight", cfg.loss.triplet_weight >= 0),
-        ("loss.triplet_margin", cfg.loss.triplet_margin >= 0),
-        ("data.pk_identities", cfg.data.pk_identities >= 0),
-        ("data.pk_images", cfg.data.pk_images >= 0),
-    ]
-    for name, ok in checks:
-        if not ok:
-            section, key = name.split(".")
-            value = getattr(getattr(cfg, section), key)
-            extra = (
-                f" (must be < train.epochs={cfg.train.epochs})"
-                if name == "schedule.warmup_epochs"
-                else ""
-            )
-            raise ConfigError(f"{name}={value!r} is out of range{extra}")
+    for dotted, allowed in _RANGES.items():
+        _check(dotted, _get(cfg, dotted), allowed)
+    _check(
+        "schedule.warmup_epochs",
+        cfg.schedule.warmup_epochs,
+        Range(0, cfg.train.epochs, high_open=True),
+        f" (below train.epochs={cfg.train.epochs:g})",
+    )
+    if len(cfg.optim.betas) != 2:
+        raise ConfigError(f"optim.betas must be two numbers, got {cfg.optim.betas!r}")
+    for i, beta in enumerate(cfg.optim.betas):
+        _check(f"optim.betas[{i}]", beta, _FRACTION)
+    for i, milestone in enumerate(cfg.schedule.milestones):
+        _check(f"schedule.milestones[{i}]", milestone, _NONNEGATIVE)
+    _check(
+        "eval.shift_average_px",
+        cfg.eval.shift_average_px,
+        Range(0, max(0, cfg.data.input_size // 2 - 1), integer=True),
+        " (pixels, less than half of data.input_size)",
+    )
+    if cfg.data.augment.crop_padding > cfg.data.input_size:
+        raise ConfigError(
+            f"data.augment.crop_padding must be at most data.input_size="
+            f"{cfg.data.input_size}, got {cfg.data.augment.crop_padding}"
+        )
+    _validate_model(cfg.model)
     if cfg.data.source != "omniglot" and not cfg.data.path:
         raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
     _validate_loss_and_batches(cfg)
     return cfg
+
+
+# model.kwargs may hold the backbone arguments that no other key sets
+_SET_ELSEWHERE = {
+    "embedding_dim": "model.embedding_dim",
+    "input_size": "data.input_size",
+    "in_channels": "the training data",
+}
+
+
+def _validate_model(model: ModelConfig) -> None:
+    import inspect
+
+    from partialfc.models import MODELS, build_model
+
+    if model.name not in MODELS:
+        raise ConfigError(f"model.name={model.name!r}: choose one of {', '.join(MODELS)}")
+    accepted = [p for p in inspect.signature(build_model).parameters if p != "name"]
+    free = [p for p in accepted if p not in _SET_ELSEWHERE]
+    for key in model.kwargs:
+        if key in _SET_ELSEWHERE:
+            raise ConfigError(
+                f"model.kwargs.{key}: set by {_SET_ELSEWHERE[key]}, not in model.kwargs"
+            )
+        if key not in free:
+            raise ConfigError(
+                f"model.kwargs.{key}: not an argument of model {model.name!r}; "
+                f"model.kwargs may set {', '.join(free)}"
+            )
+    if "dropout" in model.kwargs:
+        _check("model.kwargs.dropout", model.kwargs["dropout"], _FRACTION)
 
 
 def _validate_loss_and_batches(cfg: Config) -> None:

@@ -156,7 +156,7 @@ def test_image_whose_header_claims_too_many_pixels_is_refused_or_skipped(
     assert cli_main(args) == 2
     assert "28 x 28 = 784 pixels, above the limit of 700" in capsys.readouterr().err
     assert cli_main([*args[:-1], "0"]) == 2
-    assert "--max-image-pixels must be >= 1, got 0" in capsys.readouterr().err
+    assert "--max-image-pixels must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
 class _FullDisk:

@@ -130,12 +130,18 @@ def test_commands_name_the_image_with_a_non_finite_embedding(nan_model, faces, t
     [
         (
             ["embed", "m", "x", "--out", "e.npz", "--batch-size", "0"],
-            "--batch-size must be >= 1, got 0",
+            "--batch-size must be an integer >= 1, got 0",
         ),
-        (["search", "m", "g.npz", "--top-k", "0"], "--top-k must be >= 1, got 0"),
-        (["verify", "m", "--calibrate", "x", "--far", "2"], "--far must be in (0, 1), got 2.0"),
-        (["verify", "m", "--calibrate", "x", "--far", "nan"], "--far must be in (0, 1), got nan"),
-        (["export", "m", "out", "--opset", "-1"], "--opset must be in [7, 100], got -1"),
+        (["search", "m", "g.npz", "--top-k", "0"], "--top-k must be an integer >= 1, got 0"),
+        (
+            ["verify", "m", "--calibrate", "x", "--far", "2"],
+            "--far must be a finite number in (0, 1), got 2.0",
+        ),
+        (
+            ["verify", "m", "--calibrate", "x", "--far", "nan"],
+            "--far must be a finite number in (0, 1), got nan",
+        ),
+        (["export", "m", "out", "--opset", "-1"], "--opset must be an integer in [7, 100], got -1"),
     ],
 )
 def test_numeric_options_are_checked_before_anything_runs(args, message, capsys):

@@ -67,7 +67,9 @@ def test_wrong_type_and_choice_are_errors():
         load_config(None, ["train.epochs=many"])
     with pytest.raises(ConfigError, match=r"optim\.name='adam'.*sgd, adamw"):
         load_config(None, ["optim.name=adam"])
-    with pytest.raises(ConfigError, match=r"head\.sample_rate=1\.5 is out of range"):
+    with pytest.raises(
+        ConfigError, match=r"head\.sample_rate must be a finite number in \(0, 1\], got 1\.5"
+    ):
         load_config(None, ["head.sample_rate=1.5"])
 
 
@@ -77,3 +79,72 @@ def test_cli_reports_a_typo_and_exits_2(capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "'train.epoch'" in err and "did you mean 'train.epochs'" in err
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "data.augment.max_rotation_deg=1e308",
+            "data.augment.max_rotation_deg must be a finite number in [0, 180], got 1e+308",
+        ),
+        ("data.augment.max_rotation_deg=.nan", "in [0, 180], got nan"),
+        ("data.augment.max_shift_frac=-0.1", "max_shift_frac must be a finite number in [0, 1]"),
+        ("data.augment.max_scale_delta=1", "max_scale_delta must be a finite number in [0, 1)"),
+        ("data.augment.color_jitter=5", "color_jitter must be a finite number in [0, 1], got 5.0"),
+        ("data.augment.crop_padding=200", "crop_padding must be at most data.input_size=112"),
+        ("data.augment.crop_padding=-1", "crop_padding must be an integer >= 0, got -1"),
+        ("data.input_size=100000", "data.input_size must be an integer in [1, 4096]"),
+        ("optim.lr=.inf", "optim.lr must be a finite number > 0, got inf"),
+        ("optim.head_lr=0", "optim.head_lr must be null or a finite number > 0, got 0.0"),
+        ("optim.momentum=1", "optim.momentum must be a finite number in [0, 1), got 1.0"),
+        ("optim.weight_decay=-1", "optim.weight_decay must be a finite number >= 0"),
+        ("optim.eps=0", "optim.eps must be a finite number > 0, got 0.0"),
+        ("optim.grad_clip_norm=.inf", "optim.grad_clip_norm must be null or a finite number > 0"),
+        ("optim.betas=[0.9]", "optim.betas must be two numbers, got [0.9]"),
+        ("optim.betas=[0.9, 1.5]", "optim.betas[1] must be a finite number in [0, 1), got 1.5"),
+        ("schedule.milestones=[-1]", "schedule.milestones[0] must be a finite number >= 0"),
+        ("schedule.gamma=0", "schedule.gamma must be a finite number > 0, got 0.0"),
+        ("schedule.power=.nan", "schedule.power must be a finite number >= 0, got nan"),
+        ("schedule.warmup_epochs=30", "warmup_epochs must be a finite number in [0, 20) (below"),
+        ("head.margin.scale=0", "head.margin.scale must be a finite number > 0, got 0.0"),
+        ("head.margin.m2_rad=4", "head.margin.m2_rad must be a finite number in [0, 3.14159)"),
+        ("head.margin.m3=1", "head.margin.m3 must be a finite number in [0, 1), got 1.0"),
+        ("head.margin.m1=-1", "head.margin.m1 must be a finite number > 0, got -1.0"),
+        ("head.margin.ramp_steps=-5", "head.margin.ramp_steps must be an integer >= 0"),
+        ("head.negative_cos_threshold=2", "negative_cos_threshold must be null or a finite"),
+        ("head.num_classes=-1", "head.num_classes must be an integer >= 0, got -1"),
+        ("train.epochs=.inf", "train.epochs must be a finite number > 0, got inf"),
+        ("train.seed=-1", "train.seed must be an integer in [0, 4294967295], got -1"),
+        ("train.num_threads=-2", "train.num_threads must be an integer >= 0, got -2"),
+        ("eval.batch_size=0", "eval.batch_size must be an integer >= 1, got 0"),
+        ("loss.classifier_weight=.inf", "loss.classifier_weight must be a finite number >= 0"),
+        (
+            "model.kwargs={bogus: 1}",
+            "model.kwargs.bogus: not an argument of model 'iresnet50'; "
+            "model.kwargs may set dropout",
+        ),
+        (
+            "model.kwargs={embedding_dim: 3}",
+            "model.kwargs.embedding_dim: set by model.embedding_dim, not in model.kwargs",
+        ),
+        ("model.kwargs={dropout: 2}", "model.kwargs.dropout must be a finite number in [0, 1)"),
+        ("model.name=resnet", "model.name='resnet': choose one of iresnet18"),
+    ],
+)
+def test_out_of_range_values_name_the_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["data.source=omniglot", override])
+    assert message in str(info.value)
+
+
+def test_train_command_reports_the_key_before_training(tmp_path, capsys):
+    from partialfc.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  source: omniglot\n")
+    args = ["train", "--config", str(config), "--set", "data.augment.max_rotation_deg=1e308"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "data.augment.max_rotation_deg must be a finite number in [0, 180], got 1e+308" in err
+    assert "math domain error" not in err and not (tmp_path / "runs").exists()

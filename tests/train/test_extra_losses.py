@@ -128,7 +128,10 @@ def test_pk_batches_cover_p_identities_and_resume_mid_epoch():
         (["data.pk_identities=8", "data.pk_images=1", "data.batch_size=8"], "at least 2"),
         (["loss.classifier_weight=0"], "nothing to train"),
         (["loss.triplet_mining=hardest"], "choose one of semihard, batch_hard, all"),
-        (["loss.triplet_margin=-0.1"], "loss.triplet_margin=-0.1 is out of range"),
+        (
+            ["loss.triplet_margin=-0.1"],
+            "loss.triplet_margin must be a finite number >= 0, got -0.1",
+        ),
     ],
 )
 def test_bad_loss_and_batch_combinations_are_named_errors(tmp_path, overrides, message):

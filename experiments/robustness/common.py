@@ -4,7 +4,7 @@ Omniglot, its open-set evaluation, and a pool that runs many of them.
 A *run spec* is a plain dict (picklable, JSON-able)::
 
     {"experiment": "label_flips", "name": "PFC r=0.1", "seed": 0,
-     "method": "engine",                      # engine | clean_retrain | linear_softmax
+     "method": "engine",                      # engine | clean_retrain
      "corruption": {"kind": "flip", "rate": 0.2},   # or None; kinds: flip, conflict, long_tail
      "overrides": {"head.sample_rate": 0.1}}         # dotted config keys on top of BASE_CONFIG
 
@@ -207,36 +207,12 @@ def evaluate(embed_fn, tiny: bool) -> dict:
 # ---------------------------------------------------------------------------- one run
 
 
-def use_softmax_head(trainer) -> None:
-    """The 'Softmax' row: the engine trains only a Partial FC head, so this swaps in
-    :class:`partialfc.losses.heads.SoftmaxHead` (``W e + b`` on unnormalised embeddings) with a
-    torch SGD of the run's lr / momentum / weight decay. The LR schedule, clipping and timing
-    stay the engine's; with no Partial FC table to save, the trainer writes no checkpoint."""
-    import torch
-
-    from partialfc.losses.heads import SoftmaxHead
-    from partialfc.train.lr_schedule import WarmupLR
-
-    optim = trainer.cfg.optim
-    head = SoftmaxHead(trainer.num_classes, trainer.cfg.model.embedding_dim)
-    head = head.to(trainer.ctx.device)
-    head.consume_active_rows = lambda: None  # the engine's hook for a skipped head step
-    opt = torch.optim.SGD(
-        head.parameters(), lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
-    )
-    trainer.head, trainer.head_optimizer = head, opt
-    trainer.optimizers = [trainer.optimizer, opt]
-    WarmupLR.remember_base_lr(trainer.optimizers)
-    trainer.save_checkpoint = lambda: None
-
-
 def _train(cfg, training_set: TrainingSet, run_dir: Path, method: str):
-    """Build the trainer (with the method's head) and fit; ``(trainer, seconds, losses)``."""
+    """Build the trainer (its head is the config's ``head.kind``) and fit;
+    ``(trainer, seconds, losses)``."""
     from partialfc.train.engine import Trainer
 
     trainer = Trainer(cfg, run_dir=run_dir, train_set=training_set.dataset())
-    if method == "linear_softmax":
-        use_softmax_head(trainer)
     start = time.perf_counter()
     result = trainer.fit()
     return trainer, time.perf_counter() - start, result

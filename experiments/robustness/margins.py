@@ -33,7 +33,7 @@ TRIPLET_SEMIHARD = {
 }
 
 ROWS = (
-    ("Softmax (linear + bias)", {}, "linear_softmax"),
+    ("Softmax (linear + bias)", {"head.kind": "softmax"}, "engine"),
     ("NormFace", _margin(), "engine"),
     ("SphereFace m1=1.35", _margin(m1=1.35), "engine"),
     ("CosFace m3=0.35", _margin(m3=0.35), "engine"),

@@ -1,11 +1,12 @@
-"""The training loop: a data-parallel backbone feeding a model-parallel Partial FC head.
+"""The training loop: a data-parallel backbone feeding a loss head (by default a
+model-parallel Partial FC head).
 
 One step on every rank::
 
     x  = (uint8 batch / 255 − 0.5) / 0.5
     e  = backbone(x)                      # DDP replica; autocast bf16 (CPU) / fp16 (GPU)
     e  = scale_gradient(e.float(), loss_scale)
-    L  = w_cls · PartialFC(e, labels)     # fp32 margin math; mean over the global batch
+    L  = w_cls · head(e, labels)          # fp32; Partial FC: mean over the global batch
        + Σ term(StepContext(x, e, labels, head, step)).loss   # extra terms (triplet, distill)
     L.backward(); clip(backbone); step backbone and head optimizers
 
@@ -13,6 +14,10 @@ Extra loss terms (:mod:`partialfc.train.extra_losses`) come from the ``loss`` co
 (triplet) and from the ``extra_losses`` argument (e.g. distillation); their diagnostics are
 logged as window means under ``terms`` in the ``train`` records of ``metrics.jsonl``. With
 ``loss.classifier_weight = 0`` the head is neither run nor stepped.
+
+The head is any :class:`partialfc.losses.contract.Head` (``head.kind``): the trainer asks it
+for its optimizer, its checkpoint state, its diagnostics and its angular margin (for the
+margin schedule), and tells it when a step is skipped; nothing here is specific to one kind.
 
 Gradient scale across ranks: Partial FC returns each rank the full gradient of the global-mean
 loss for its own rows, so the backbone update must be the *sum* of the ranks' gradients while
@@ -49,7 +54,6 @@ from partialfc.train.builders import (
 )
 from partialfc.train.config import Config, config_to_dict, save_config
 from partialfc.train.data import EpochSeededDataset, build_augmentation, build_train_set
-from partialfc.train.diagnostics import training_diagnostics
 from partialfc.train.distributed import (
     DistContext,
     all_true,
@@ -170,7 +174,9 @@ class Trainer:
         self.head, self.margin = build_head(
             cfg.head, cfg.model.embedding_dim, num_classes, cfg.train.seed, device
         )
-        self.margin_schedule = build_margin_schedule(cfg.head.margin, self.margin)
+        self.margin_schedule = (
+            build_margin_schedule(cfg.head.margin, self.margin) if self.margin is not None else None
+        )
         self.optimizer = build_backbone_optimizer(cfg.optim, self.backbone)
         self.head_optimizer = build_head_optimizer(cfg.optim, self.head)
         self.optimizers = [self.optimizer, self.head_optimizer]
@@ -296,8 +302,9 @@ class Trainer:
     def train_step(self, images, labels, indices, diagnostics: bool = False) -> float | None:
         """One optimizer step; returns the loss, or None when it was non-finite (step skipped).
 
-        With ``diagnostics=True`` the seed-002 statistics of this step are left in
-        :attr:`last_diagnostics` (computed before the optimizers move the centers).
+        With ``diagnostics=True`` the head's statistics of this step (:meth:`Head.diagnostics`,
+        e.g. APCS / AMNCS / MICS) are left in :attr:`last_diagnostics` (computed before the
+        optimizers move the centers).
         """
         device = self.ctx.device
         self.lr_schedule.apply(self.optimizers, self.step)
@@ -322,8 +329,8 @@ class Trainer:
             return None
         loss.backward()
         if diagnostics and self.uses_head:
-            self.last_diagnostics = training_diagnostics(
-                embeddings.detach(), labels, self.head, seed=self.cfg.train.seed + self.step
+            self.last_diagnostics = self.head.diagnostics(
+                embeddings.detach(), labels, seed=self.cfg.train.seed + self.step
             )
         clip = self.cfg.optim.grad_clip_norm
         if self.scaler.is_enabled():
@@ -339,8 +346,8 @@ class Trainer:
             self.optimizer.step()
         if self.uses_head and grads_finite:
             self.head_optimizer.step()
-        elif self.uses_head:  # drop the recorded rows: the step does not happen for the centers
-            self.head.consume_active_rows()
+        elif self.uses_head:  # the step does not happen for the head
+            self.head.discard_step()
         self.optimizer.zero_grad(set_to_none=True)
         self.head_optimizer.zero_grad()
         self._last_grad_norm = float(grad_norm)
@@ -434,12 +441,12 @@ class Trainer:
                             lr=lr,
                             samples_per_s=window_steps * global_batch / max(elapsed, 1e-9),
                             grad_norm=getattr(self, "_last_grad_norm", float("nan")),
-                            margin=self._margin_state(),
+                            **({"margin": self._margin_state()} if self.margin is not None else {}),
                             **({"terms": _window_means(window_terms)} if window_terms else {}),
                         )
                         window_t, window_steps, window_loss = time.perf_counter(), 0, []
                         window_terms = {}
-                    if want_diag and loss is not None and self.uses_head:
+                    if want_diag and loss is not None and self.uses_head and self.last_diagnostics:
                         self.log.write("diagnostics", self.step, **self.last_diagnostics)
                     if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
                         self.evaluate(final=False)
@@ -469,7 +476,10 @@ class Trainer:
         return result
 
     def _margin_state(self) -> dict:
+        """The head's angular margin now (schedules change it); ``{}`` without one."""
         m = self.margin
+        if m is None:
+            return {}
         return {"m1": m.m1, "m2_rad": m.m2_rad, "m3": m.m3, "scale": m.scale}
 
     # ------------------------------------------------------------------ evaluation
@@ -532,8 +542,6 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step-N`` atomically (all ranks take part); keep the last K."""
-        from partialfc.classifier import save_partial_fc_checkpoint
-
         name = ckpt.checkpoint_name(self.step)
         final = self.checkpoint_dir / name
         tmp = self.checkpoint_dir / f".{name}.tmp"
@@ -544,7 +552,7 @@ class Trainer:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         barrier(self.ctx)
-        save_partial_fc_checkpoint(tmp / "head", self.head, self.head_optimizer)
+        self.head.save_state(tmp / "head", self.head_optimizer)
         ckpt.atomic_torch_save(ckpt.capture_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
         if self.ctx.is_main:
             ckpt.save_backbone(self.backbone, self.model_config, tmp)
@@ -580,8 +588,6 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore everything to continue exactly where ``path`` was written (mid-epoch too)."""
-        from partialfc.classifier import load_partial_fc_checkpoint
-
         path = Path(path)
         meta = json.loads((path / "meta.json").read_text())
         if meta["num_classes"] != self.num_classes:
@@ -600,7 +606,7 @@ class Trainer:
         self.backbone.load_state_dict(ckpt.load_backbone_state(path))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
-        load_partial_fc_checkpoint(path / "head", self.head, self.head_optimizer)
+        self.head.load_state(path / "head", self.head_optimizer)
         WarmupLR.remember_base_lr(self.optimizers)
         for key, value in state["margin"].items():
             setattr(self.margin, key, value)

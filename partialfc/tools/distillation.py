@@ -206,8 +206,9 @@ def load_teacher(spec: str, device="cpu") -> tuple[nn.Module, Tensor, int, dict]
     import json
     from pathlib import Path
 
+    from partialfc.backbone.io import load_backbone_from_checkpoint
     from partialfc.train.builders import build_head
-    from partialfc.train.checkpoint import load_backbone_from_checkpoint, resolve_checkpoint
+    from partialfc.train.checkpoint import resolve_checkpoint
     from partialfc.train.config import config_from_dict
 
     path = Path(spec)

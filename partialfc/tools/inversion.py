@@ -234,8 +234,8 @@ def run(args: argparse.Namespace) -> int:
     import cv2
 
     from partialfc.atomic import atomic_write_bytes
+    from partialfc.backbone.embedder import Embedder, TorchBackend
     from partialfc.deploy.commands import read_images
-    from partialfc.deploy.embedder import Embedder, TorchBackend
 
     try:
         embedder = Embedder.load(args.model, backend="torch")

@@ -9,16 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from partialfc.backbone.io import build_backbone_from_model_config
 from partialfc.train.config import HeadConfig, MarginConfig, ModelConfig, OptimConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def build_backbone_from_model_config(model_config: dict) -> nn.Module:
-    """Rebuild a backbone from ``{"name": ..., "kwargs": {...}}`` (as stored in checkpoints)."""
-    from partialfc.models import build_model
-
-    return build_model(model_config["name"], **model_config["kwargs"])
 
 
 def build_backbone(cfg: ModelConfig, input_size: int, in_channels: int) -> tuple[nn.Module, dict]:

@@ -486,7 +486,7 @@ def _validate_loss_and_batches(cfg: Config) -> None:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically)."""
-    from partialfc.train.checkpoint import atomic_write_bytes
+    from partialfc.atomic import atomic_write_bytes
 
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
     atomic_write_bytes(Path(path), text.encode())

@@ -44,6 +44,9 @@ import torch
 import torch.distributed
 from torch import nn
 
+from partialfc.backbone import io as backbone_io
+from partialfc.backbone.embedding import embed_array
+from partialfc.backbone.pixels import normalize_batch
 from partialfc.train import checkpoint as ckpt
 from partialfc.train.builders import (
     build_backbone,
@@ -295,8 +298,6 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
-        from partialfc.data.transforms import normalize_batch
-
         return normalize_batch(images.to(self.ctx.device, non_blocking=True))
 
     def train_step(self, images, labels, indices, diagnostics: bool = False) -> float | None:
@@ -485,35 +486,14 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def embed_fn(self, batch_size: int | None = None):
-        """``uint8 images (N, [C,] H, W) → float32 (N, d)`` numpy, with the current backbone."""
+        """``uint8 images (N, [C,] H, W) → float32 (N, d)`` numpy, with the current backbone
+        (:func:`partialfc.backbone.embedding.embed_array`, the training precision)."""
         device = self.ctx.device
         backbone = self.backbone
         bs = batch_size or self.cfg.eval.batch_size
-        from partialfc.data.transforms import normalize_batch
 
-        @torch.no_grad()
         def embed(images: np.ndarray) -> np.ndarray:
-            was_training = backbone.training
-            backbone.eval()
-            try:
-                out = []
-                for start in range(0, len(images), bs):
-                    x = torch.from_numpy(np.ascontiguousarray(images[start : start + bs]))
-                    if x.ndim == 3:
-                        x = x.unsqueeze(1)
-                    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
-                        x = x.permute(0, 3, 1, 2)
-                    x = normalize_batch(x.to(device))
-                    with torch.autocast(
-                        device.type,
-                        dtype=self.autocast_dtype or torch.float32,
-                        enabled=self.autocast_dtype is not None,
-                    ):
-                        e = backbone(x)
-                    out.append(e.float().cpu())
-                return torch.cat(out).numpy()
-            finally:
-                backbone.train(was_training)
+            return embed_array(backbone, images, bs, device, self.autocast_dtype)
 
         return embed
 
@@ -555,7 +535,7 @@ class Trainer:
         self.head.save_state(tmp / "head", self.head_optimizer)
         ckpt.atomic_torch_save(ckpt.capture_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
         if self.ctx.is_main:
-            ckpt.save_backbone(self.backbone, self.model_config, tmp)
+            backbone_io.save_backbone(self.backbone, self.model_config, tmp)
             state = {
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
@@ -603,7 +583,7 @@ class Trainer:
                 f"mid-epoch needs the same global batch (now {global_batch} = "
                 f"{self.ctx.world_size} ranks × data.batch_size={self.cfg.data.batch_size})"
             )
-        self.backbone.load_state_dict(ckpt.load_backbone_state(path))
+        self.backbone.load_state_dict(backbone_io.load_backbone_state(path))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.head.load_state(path / "head", self.head_optimizer)
@@ -620,10 +600,10 @@ class Trainer:
     def _init_backbone_from(self, spec: str) -> None:
         """Fine-tuning: the backbone weights of another run; a fresh head for this class set."""
         path = ckpt.resolve_checkpoint(spec, Path(spec))
-        model_config = ckpt.read_model_config(path)
+        model_config = backbone_io.read_model_config(path)
         if model_config["name"] != self.model_config["name"]:
             raise ValueError(
                 f"checkpoint.init_from={spec!r} holds a {model_config['name']}, "
                 f"this config builds a {self.model_config['name']}"
             )
-        self.backbone.load_state_dict(ckpt.load_backbone_state(path))
+        self.backbone.load_state_dict(backbone_io.load_backbone_state(path))

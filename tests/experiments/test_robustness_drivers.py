@@ -114,7 +114,7 @@ def test_other_drivers_and_the_softmax_row_run_end_to_end_tiny(tmp_path):
 
 def test_softmax_row_trains_the_librarys_softmax_head(tmp_path):
     """The row's head is ``cross_entropy(W e + b, y)`` and its SGD step moves W, b."""
-    from partialfc.data.transforms import normalize_batch
+    from partialfc.backbone.pixels import normalize_batch
     from partialfc.losses.heads import SoftmaxHead
     from partialfc.train.engine import Trainer
 
@@ -172,7 +172,7 @@ def test_summary_pools_seeds_across_devices_but_not_training_times():
 def test_triplet_row_is_the_engines_semihard_triplet_on_pk_batches(tmp_path):
     """No classifier: the step's loss is the library's semi-hard triplet loss of the batch's
     embeddings, the Partial FC centers do not move, and batches hold P classes x K images."""
-    from partialfc.data.transforms import normalize_batch
+    from partialfc.backbone.pixels import normalize_batch
     from partialfc.losses.triplet import TripletLoss
     from partialfc.train.engine import Trainer
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from partialfc.data.transforms import normalize_batch
+from partialfc.backbone.pixels import normalize_batch
 from partialfc.losses.contract import Head, OptimizerSettings
 from partialfc.train.builders import HEAD_BUILDERS, build_head
 from partialfc.train.config import ConfigError

@@ -20,7 +20,7 @@ Validation metrics (:func:`evaluate_validation`), every rate with its counts:
 * ``all_vs_all``: every pair of grey images of the validation people, TAR at FAR = 1e-4, 1e-3,
   1e-2 with ``k`` (the false accepts the threshold admits);
 * ``templates``: each validation person with several images split into two templates
-  (alternate images, embeddings averaged before normalising; seed 001 ch. 6), all-vs-all over
+  (alternate images, embeddings averaged before normalising, as IJB-C templates), all-vs-all over
   templates;
 * the same for the raw-pixel baseline (cosine of mean-centred central 64×64 pixels).
 
@@ -28,8 +28,8 @@ Pair images come from the grey set when both images are there (``recipe.val_imag
 2,791 of the 3,000 dev pairs) or, for every pair, from the colour images converted to grey
 and cropped to the grey set's framing (``colour``; :func:`colour_to_grey_crop`).
 
-Margin warm-up (seed 001 ch. 5, failure 1: at initialisation θ_y ≈ 90° for every sample and a
-full margin adds loss before the model has done anything wrong): zero margin for
+Margin warm-up (the initialisation blow-up of margin losses: at initialisation θ_y ≈ 90° for every
+sample and a full margin adds loss before the model has done anything wrong): zero margin for
 ``recipe.margin_warmup_epochs``, then a linear ramp to the configured margin over
 ``recipe.margin_ramp_epochs`` (the engine's margin schedule, given here in epochs).
 """

@@ -1,4 +1,5 @@
-"""Row 5 (seed 003 margin sweep): losses on clean data at scale s = 30, full softmax (r = 1).
+"""Row 5 (the margin sweep of ArcFace, Deng et al., CVPR 2019): losses on clean data at
+scale s = 30, full softmax (r = 1).
 
 Plain softmax (a linear layer with bias on unnormalised embeddings), NormFace (no margin),
 SphereFace m1 = 1.35, CosFace m3 = 0.35, ArcFace m2 = 0.4 / 0.5 / 0.55, and a triplet loss

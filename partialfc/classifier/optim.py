@@ -1,7 +1,8 @@
 """Row-sparse optimizers for :class:`~partialfc.classifier.PartialFC` (sparse update mode).
 
 Only the rows that were active in the last forward move, and only their optimizer state
-changes; every other center and its momentum / moments stay bit-identical (seed 000 Eq. 4:
+changes; every other center and its momentum / moments stay bit-identical (Partial FC, An et al.,
+arXiv 2010.05222, Eq. 4:
 "unsampled centers remain in optimizer state"). The handshake is explicit: ``forward`` records
 the active rows, ``backward`` fills the softmax coefficients, ``step()`` consumes the record,
 walking the active rows a chunk at a time (:func:`~partialfc.classifier.storage.chunk_rows`):

@@ -1,4 +1,5 @@
-"""Partial FC: a class-sharded, negative-sampled margin-softmax classifier (seeds 000, 002).
+"""Partial FC: a class-sharded, negative-sampled margin-softmax classifier (Partial FC, An et
+al., arXiv 2010.05222 and CVPR 2022).
 
 Per step, on every rank (``N`` ranks, global batch ``B = sum_r b_r``):
 

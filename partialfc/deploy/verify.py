@@ -2,8 +2,8 @@
 
 Never a hard-coded threshold: ``calibrate(embeddings, labels, target_far)`` scores every pair
 of different identities in a calibration set and sets the threshold so that at most
-``k = floor(FAR · n_impostor)`` of them are accepted (``partialfc.eval.tar_at_far``, seed 001
-ch. 6). The result carries ``k`` and ``n_impostor``: a FAR backed by ``k`` false accepts has a
+``k = floor(FAR · n_impostor)`` of them are accepted (``partialfc.eval.tar_at_far``, the IJB-C
+protocol). The result carries ``k`` and ``n_impostor``: a FAR backed by ``k`` false accepts has a
 relative standard error of about ``1/√k``, and FARs below ``1/n_impostor`` are refused.
 
     threshold = calibrate(embedder.embed(cal_images), cal_labels, target_far=1e-3)

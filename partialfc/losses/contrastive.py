@@ -1,4 +1,4 @@
-"""Contrastive loss (Chopra, Hadsell & LeCun 2005-2006; seed 001 ch. 1).
+"""Contrastive loss (Chopra, Hadsell & LeCun, CVPR 2005; Hadsell et al., CVPR 2006).
 
 On L2-normalised embeddings with Euclidean distance ``D = |a - b|`` (in [0, 2]):
 

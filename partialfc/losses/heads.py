@@ -1,4 +1,6 @@
-"""Dense classification heads: embeddings + labels -> loss (seed 001 ch. 3-5, seed 003).
+"""Dense classification heads: embeddings + labels -> loss (NormFace, Wang et al., ACM MM
+2017; SphereFace, Liu et al., CVPR 2017; CosFace, Wang et al., CVPR 2018; ArcFace, Deng et al.,
+CVPR 2019).
 
 * :class:`MarginSoftmaxHead` — normalised embeddings against normalised class (sub-)centers,
   ``logits = margin(cos, target)`` (ArcFace, CosFace, SphereFace, NormFace, combined), optional

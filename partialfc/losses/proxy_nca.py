@@ -1,4 +1,4 @@
-"""ProxyNCA (Movshovitz-Attias et al. 2017; seed 001 ch. 3): one learnable proxy per class.
+"""ProxyNCA (Movshovitz-Attias et al., ICCV 2017): one learnable proxy per class.
 
 With L2-normalised embeddings ``x`` and proxies ``p`` and ``d(x, p) = |x - p|^2 = 2 - 2 cos``:
 

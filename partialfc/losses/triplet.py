@@ -1,4 +1,5 @@
-"""Triplet loss on the unit sphere with online mining (seed 001 ch. 1-2; FaceNet; Hermans et al.).
+"""Triplet loss on the unit sphere with online mining (FaceNet, Schroff et al.,
+CVPR 2015; batch-hard and soft margin: Hermans et al., arXiv 1703.07737).
 
 Embeddings are L2-normalised, distances are squared Euclidean, ``d = |a - b|^2 = 2 - 2 cos``,
 and a triplet (anchor a, positive p, negative n) costs

@@ -1,4 +1,4 @@
-"""IResNet: the "improved residual" backbones of ArcFace (seed 003, "Hyperparameters").
+"""IResNet: the "improved residual" backbones of ArcFace (Deng et al., CVPR 2019).
 
 Stem: ``conv3×3(64, stride 1) → BN → PReLU``. Four stages of IR blocks, each stage halving
 the resolution in its first block::

@@ -1,4 +1,5 @@
-"""Sub-center cleaning of a noisy training set (seed 003, sub-center ArcFace).
+"""Sub-center cleaning of a noisy training set (Sub-center ArcFace, Deng et al.,
+ECCV 2020).
 
 The recipe, given a model trained with ``K`` sub-centers per class (K = 3 in the paper):
 

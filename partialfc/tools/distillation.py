@@ -1,4 +1,5 @@
-"""Knowledge distillation objective for a small student backbone (seed 003, "Hyperparameters").
+"""Knowledge distillation objective for a small student backbone (feature regression and logit
+KL, as in ArcFace, Deng et al., IEEE TPAMI 2022).
 
 For a batch with student embeddings ``s``, teacher embeddings ``t`` (same images, teacher
 frozen) and labels ``y``::
@@ -140,7 +141,7 @@ class DistillationTerm:
             student.
         teacher_centers: ``(C · K_t, d)`` teacher center table (class-major sub-centers).
         teacher_subcenters: ``K_t``; default 1.
-        feature_weight / kl_weight / temperature: defaults 1.0 / 0.1 / 1.0 (seed 003).
+        feature_weight / kl_weight / temperature: defaults 1.0 / 0.1 / 1.0.
     """
 
     name = "distill"

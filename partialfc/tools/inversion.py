@@ -1,4 +1,5 @@
-"""Model inversion: synthesise inputs from a trained backbone alone, no generator (seed 003).
+"""Model inversion: synthesise inputs from a trained backbone alone, no generator (ArcFace,
+Deng et al., IEEE TPAMI 2022).
 
 Start from noise ``x`` and run Adam on the *input*, minimising::
 

@@ -107,8 +107,9 @@ class LossConfig:
     """``L = classifier_weight · L_PartialFC + triplet_weight · L_triplet`` (weights ≥ 0).
 
     ``classifier_weight=0`` trains with the triplet loss alone (the head is neither run nor
-    stepped). The triplet loss (seed 001) works on L2-normalised embeddings with a margin in
-    squared-distance units and needs P×K batches (``data.pk_identities``, ``data.pk_images``).
+    stepped). The triplet loss (FaceNet, Schroff et al., CVPR 2015) works on L2-normalised
+    embeddings with a margin in squared-distance units and needs P×K batches
+    (``data.pk_identities``, ``data.pk_images``).
     """
 
     classifier_weight: float = 1.0

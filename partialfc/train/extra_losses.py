@@ -45,7 +45,8 @@ class ExtraLoss(Protocol):
 
 
 class TripletTerm:
-    """``weight · TripletLoss(e, y)`` (seed 001) with its active fraction as a diagnostic.
+    """``weight · TripletLoss(e, y)`` (FaceNet, Schroff et al., CVPR 2015) with its active fraction
+    as a diagnostic.
 
     Args:
         weight: multiplier of the triplet loss; default 1.0.

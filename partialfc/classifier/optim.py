@@ -29,13 +29,16 @@ State tensors live in :class:`~partialfc.classifier.storage.RowTable` s next to 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from partialfc.classifier.partial_fc import PartialFC
 from partialfc.classifier.sampling import sampling_generator
 from partialfc.classifier.storage import ReusableBuffer, RowTable, chunk_rows
+
+if TYPE_CHECKING:  # PartialFC builds its optimizers from here (PartialFC.make_optimizer)
+    from partialfc.classifier.partial_fc import PartialFC
 
 __all__ = ["RowSparseSGD", "RowSparseAdamW", "RowSparseOptimizer"]
 
@@ -47,7 +50,7 @@ class RowSparseOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ()
 
     def __init__(self, partial_fc: PartialFC, defaults: dict, state_dtype=None) -> None:
-        if not isinstance(partial_fc, PartialFC):
+        if not callable(getattr(partial_fc, "consume_active_rows", None)):  # the ActiveRows source
             raise ValueError(f"expected a PartialFC, got {type(partial_fc).__name__}")
         if partial_fc.update != "sparse":
             raise ValueError(

@@ -46,6 +46,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from partialfc.autograd import scale_gradient
 from partialfc.classifier.collectives import (
     all_gather_rows,
     all_gather_rows_no_grad,
@@ -305,17 +306,6 @@ class _StepPlan:
     world_size: int
 
 
-class _ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, factor: float) -> Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad * ctx.factor, None
-
-
 class PartialFC(Head):
     """Class-sharded, sampled margin-softmax over ``num_classes`` centers (see module docstring).
 
@@ -566,7 +556,7 @@ class PartialFC(Head):
 
         x_hat = F.normalize(local_embeddings.to(self.device, torch.float32), dim=1)
         if self.backbone_grad_reduction == "mean" and self.world_size > 1:
-            x_hat = _ScaleGrad.apply(x_hat, float(self.world_size))
+            x_hat = scale_gradient(x_hat, float(self.world_size))
         x_all = all_gather_rows(x_hat, sizes, self.process_group)
         labels_all = all_gather_rows_no_grad(
             local_labels.to(self.device, torch.long), sizes, self.process_group

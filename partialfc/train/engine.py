@@ -44,6 +44,7 @@ import torch
 import torch.distributed
 from torch import nn
 
+from partialfc.autograd import scale_gradient
 from partialfc.backbone import io as backbone_io
 from partialfc.backbone.embedding import embed_array
 from partialfc.backbone.pixels import normalize_batch
@@ -61,7 +62,6 @@ from partialfc.train.distributed import (
     DistContext,
     all_true,
     barrier,
-    scale_gradient,
     setup_distributed,
 )
 from partialfc.train.extra_losses import ExtraLoss, StepContext, TripletTerm

@@ -501,18 +501,18 @@ def build_trainer(recipe: RecipeConfig, cfg, split: LfwSplit, run_dir: Path | No
     turned into the engine's ``head.margin.warmup_steps`` / ``ramp_steps``.
     """
     from partialfc.data.datasets import ArrayDataset
-    from partialfc.train.engine import Trainer
+    from partialfc.train.engine import Trainer, steps_per_epoch
 
     images = resize_to(split.train_images, cfg.data.input_size)
     train_set = ArrayDataset(images, split.train_labels)
-    steps_per_epoch = len(train_set) // cfg.data.batch_size  # one rank, drop_last
-    cfg.head.margin.warmup_steps = round(recipe.margin_warmup_epochs * steps_per_epoch)
-    cfg.head.margin.ramp_steps = round(recipe.margin_ramp_epochs * steps_per_epoch)
+    steps = steps_per_epoch(len(train_set), cfg.data.batch_size, cfg.data.drop_last)  # one rank
+    cfg.head.margin.warmup_steps = round(recipe.margin_warmup_epochs * steps)
+    cfg.head.margin.ramp_steps = round(recipe.margin_ramp_epochs * steps)
     return Trainer(cfg, train_set=train_set, run_dir=run_dir)
 
 
 def _atomic_write_json(path: Path, data: dict) -> None:
-    from partialfc.train.checkpoint import atomic_write_bytes
+    from partialfc.atomic import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
 

@@ -95,32 +95,27 @@ def spec(experiment: str, name: str, seed: int, overrides=None, corruption=None,
     }
 
 
-def _set_dotted(data: dict, dotted: str, value) -> None:
-    node = data
-    keys = dotted.split(".")
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-    node[keys[-1]] = value
-
-
 def build_config(run: dict, tiny: bool, run_dir: Path, device: str):
-    """The :class:`partialfc.train.config.Config` of a run spec."""
-    from partialfc.train.config import config_from_dict, validate
+    """The :class:`partialfc.train.config.Config` of a run spec: :data:`BASE_CONFIG` with the
+    spec's overrides, through the engine's own loader (every key checked, values typed)."""
+    from partialfc.train.config import apply_overrides, config_from_dict, validate
 
-    data = copy.deepcopy(BASE_CONFIG)
-    for key, value in run["overrides"].items():
-        _set_dotted(data, key, value)
-    _set_dotted(data, "train.seed", run["seed"])
-    _set_dotted(data, "train.device", device)
-    _set_dotted(data, "run.output_dir", str(run_dir.parent))
-    _set_dotted(data, "run.name", run_dir.name)
+    settings = dict(run["overrides"])
+    settings.update({"train.seed": run["seed"], "train.device": device})
+    settings.update({"run.output_dir": str(run_dir.parent), "run.name": run_dir.name})
     if tiny:
-        _set_dotted(data, "train.epochs", TINY["epochs"])
-        _set_dotted(data, "data.batch_size", TINY["batch_size"])
-        if data["data"].get("pk_images"):
-            _set_dotted(data, "data.pk_identities", TINY["batch_size"] // data["data"]["pk_images"])
-        _set_dotted(data, "data.num_workers", 0)
-        _set_dotted(data, "schedule.warmup_epochs", 0.1)
+        settings.update(
+            {
+                "train.epochs": TINY["epochs"],
+                "data.batch_size": TINY["batch_size"],
+                "data.num_workers": 0,
+                "schedule.warmup_epochs": 0.1,
+            }
+        )
+        if settings.get("data.pk_images"):
+            settings["data.pk_identities"] = TINY["batch_size"] // settings["data.pk_images"]
+    overrides = [f"{key}={json.dumps(value)}" for key, value in settings.items()]
+    data = apply_overrides(copy.deepcopy(BASE_CONFIG), overrides)  # JSON values are YAML
     return validate(config_from_dict(data, f"{run['experiment']}/{run['name']}"))
 
 

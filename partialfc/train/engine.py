@@ -96,6 +96,13 @@ def resolve_precision(spec: str, device: torch.device) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]
 
 
+def steps_per_epoch(per_rank_samples: int, batch_size: int, drop_last: bool = True) -> int:
+    """Optimizer steps in one epoch of ``per_rank_samples`` samples on each rank."""
+    if drop_last:
+        return per_rank_samples // batch_size
+    return math.ceil(per_rank_samples / batch_size)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
@@ -153,7 +160,7 @@ class Trainer:
         self.sampler = self._build_sampler()
         per_rank = getattr(self.sampler, "num_samples", None) or len(self.sampler)
         bs = cfg.data.batch_size
-        self.steps_per_epoch = per_rank // bs if cfg.data.drop_last else math.ceil(per_rank / bs)
+        self.steps_per_epoch = steps_per_epoch(per_rank, bs, cfg.data.drop_last)
         if self.steps_per_epoch < 1:
             raise ValueError(
                 f"data.batch_size={bs} is larger than this rank's share of the training set "

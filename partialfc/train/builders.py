@@ -12,7 +12,7 @@ from torch import nn
 from partialfc.backbone.io import build_backbone_from_model_config
 from partialfc.train.config import HeadConfig, MarginConfig, ModelConfig, OptimConfig
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def build_backbone(cfg: ModelConfig, input_size: int, in_channels: int) -> tuple[nn.Module, dict]:

@@ -363,7 +363,7 @@ _CHOICES = {
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.device": ("auto", "cpu", "cuda"),
     "data.source": ("omniglot", "recordio", "folder", "npz"),
-    "head.storage_dtype": ("float32", "bfloat16", "float16"),
+    "head.storage_dtype": ("float32", "bfloat16"),  # what PartialFC stores (SUPPORTED_DTYPES)
     "head.storage_device": ("compute", "cpu"),
     "loss.triplet_mining": ("semihard", "batch_hard", "all"),
     "head.kind": (

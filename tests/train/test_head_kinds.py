@@ -36,6 +36,14 @@ def test_every_builder_has_a_test():
     assert sorted(KINDS) == sorted(HEAD_BUILDERS)
 
 
+def test_every_storage_dtype_the_config_accepts_is_one_partial_fc_stores():
+    from partialfc.classifier.storage import SUPPORTED_DTYPES
+    from partialfc.train.builders import _DTYPES
+    from partialfc.train.config import _CHOICES
+
+    assert [_DTYPES[name] for name in _CHOICES["head.storage_dtype"]] == list(SUPPORTED_DTYPES)
+
+
 def _trainer(run_dir, kind, *extra):
     cfg = tiny_config(
         run_dir,
@@ -176,6 +184,7 @@ def test_a_checkpoint_round_trips_every_head_bit_for_bit(tmp_path, kind):
         (("head.kind=triplet",), "head.kind='triplet' needs P×K batches"),
         (("head.kind=contrastive", "head.contrastive_margin=3"), "head.contrastive_margin=3.0"),
         (("head.kind=arcface",), "head.kind='arcface': choose one of partial_fc"),
+        (("head.storage_dtype=float16",), "head.storage_dtype='float16': choose one of float32"),
     ],
 )
 def test_head_settings_that_do_not_fit_the_kind_are_named_errors(tmp_path, overrides, message):

@@ -1,6 +1,6 @@
 """Benchmark: all-pairs impostor scoring (blockwise GEMM + histogram + exact top-k) vs bare GEMM.
 
-Default: N = 14,150 templates at d = 512 (10^8 pairs, seed 001 ch. 6). Prints one JSON object;
+Default: N = 14,150 templates at d = 512 (10^8 pairs, IJB-C scale). Prints one JSON object;
 ``--out`` also writes it to a file.
 
     python benchmarks/bench_eval.py [--n 14150] [--dim 512] [--block 4096] [--out bench.json]

@@ -20,7 +20,7 @@ Validation metrics (:func:`evaluate_validation`), every rate with its counts:
 * ``all_vs_all``: every pair of grey images of the validation people, TAR at FAR = 1e-4, 1e-3,
   1e-2 with ``k`` (the false accepts the threshold admits);
 * ``templates``: each validation person with several images split into two templates
-  (alternate images, embeddings averaged before normalising; seed 001 ch. 6), all-vs-all over
+  (alternate images, embeddings averaged before normalising, as IJB-C templates), all-vs-all over
   templates;
 * the same for the raw-pixel baseline (cosine of mean-centred central 64×64 pixels).
 
@@ -28,8 +28,8 @@ Pair images come from the grey set when both images are there (``recipe.val_imag
 2,791 of the 3,000 dev pairs) or, for every pair, from the colour images converted to grey
 and cropped to the grey set's framing (``colour``; :func:`colour_to_grey_crop`).
 
-Margin warm-up (seed 001 ch. 5, failure 1: at initialisation θ_y ≈ 90° for every sample and a
-full margin adds loss before the model has done anything wrong): zero margin for
+Margin warm-up (the initialisation blow-up of margin losses: at initialisation θ_y ≈ 90° for every
+sample and a full margin adds loss before the model has done anything wrong): zero margin for
 ``recipe.margin_warmup_epochs``, then a linear ramp to the configured margin over
 ``recipe.margin_ramp_epochs`` (the engine's margin schedule, given here in epochs).
 """
@@ -501,18 +501,18 @@ def build_trainer(recipe: RecipeConfig, cfg, split: LfwSplit, run_dir: Path | No
     turned into the engine's ``head.margin.warmup_steps`` / ``ramp_steps``.
     """
     from partialfc.data.datasets import ArrayDataset
-    from partialfc.train.engine import Trainer
+    from partialfc.train.engine import Trainer, steps_per_epoch
 
     images = resize_to(split.train_images, cfg.data.input_size)
     train_set = ArrayDataset(images, split.train_labels)
-    steps_per_epoch = len(train_set) // cfg.data.batch_size  # one rank, drop_last
-    cfg.head.margin.warmup_steps = round(recipe.margin_warmup_epochs * steps_per_epoch)
-    cfg.head.margin.ramp_steps = round(recipe.margin_ramp_epochs * steps_per_epoch)
+    steps = steps_per_epoch(len(train_set), cfg.data.batch_size, cfg.data.drop_last)  # one rank
+    cfg.head.margin.warmup_steps = round(recipe.margin_warmup_epochs * steps)
+    cfg.head.margin.ramp_steps = round(recipe.margin_ramp_epochs * steps)
     return Trainer(cfg, train_set=train_set, run_dir=run_dir)
 
 
 def _atomic_write_json(path: Path, data: dict) -> None:
-    from partialfc.train.checkpoint import atomic_write_bytes
+    from partialfc.atomic import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
 

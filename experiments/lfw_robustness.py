@@ -9,11 +9,11 @@ crops of the 498 people of folds 0-3 with at least two images, evaluate on the p
 4-5, who never appear in training (asserted by name). Only the schedule is shorter
 (``--epochs``, 10 by default: 800 steps of 32 over 2,561 images) and the head changes per row.
 
-Rows (the Partial FC claims of seed 002, table 4, on faces): full softmax (FC, r = 1), Partial
-FC r = 0.1 and PFC* r = 0.1 (negatives with cosine > 0.4 dropped), on clean labels and with
-20 % of the training labels flipped to a random other person (``partialfc.data.corruption``,
-seeded, the same flips for every row of a seed). At 498 classes and a batch of 32 (about 31
-people per batch), r = 0.1 keeps 50 classes: the batch's people plus about 19 sampled negatives.
+Rows (the claims of Partial FC, An et al., CVPR 2022, table 4, on faces): full softmax (FC, r = 1),
+Partial FC r = 0.1 and PFC* r = 0.1 (negatives with cosine > 0.4 dropped), on clean labels and with
+20 % of the training labels flipped to a random other person (``partialfc.data.corruption``, seeded,
+the same flips for every row of a seed). At 498 classes and a batch of 32 (about 31 people per
+batch), r = 0.1 keeps 50 classes: the batch's people plus about 19 sampled negatives.
 
 Each row reports the pair accuracy on the 1,109 validation pairs whose images are in the grey
 set (threshold chosen on the other fold), ROC AUC and EER of those pairs, and TAR at

@@ -23,10 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "evaluate a checkpoint or exported model: JSON + Markdown report",
     ),
     "pack": (
-        "partialfc.data.commands",
+        "partialfc.tools.pack_command",
         "pack an image folder or list file into RecordIO .rec/.idx",
     ),
-    "unpack": ("partialfc.data.commands", "unpack a RecordIO .rec/.idx into an image folder"),
+    "unpack": ("partialfc.tools.pack_command", "unpack a RecordIO .rec/.idx into an image folder"),
     "align": ("partialfc.detect.commands", "detect and align faces: photos -> 112x112 crops"),
     "export": ("partialfc.deploy.commands", "export a trained backbone to ONNX + safetensors"),
     "embed": ("partialfc.deploy.commands", "embed a folder of aligned faces or a .rec set"),

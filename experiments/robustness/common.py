@@ -4,7 +4,7 @@ Omniglot, its open-set evaluation, and a pool that runs many of them.
 A *run spec* is a plain dict (picklable, JSON-able)::
 
     {"experiment": "label_flips", "name": "PFC r=0.1", "seed": 0,
-     "method": "engine",                      # engine | clean_retrain | linear_softmax
+     "method": "engine",                      # engine | clean_retrain
      "corruption": {"kind": "flip", "rate": 0.2},   # or None; kinds: flip, conflict, long_tail
      "overrides": {"head.sample_rate": 0.1}}         # dotted config keys on top of BASE_CONFIG
 
@@ -95,32 +95,27 @@ def spec(experiment: str, name: str, seed: int, overrides=None, corruption=None,
     }
 
 
-def _set_dotted(data: dict, dotted: str, value) -> None:
-    node = data
-    keys = dotted.split(".")
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-    node[keys[-1]] = value
-
-
 def build_config(run: dict, tiny: bool, run_dir: Path, device: str):
-    """The :class:`partialfc.train.config.Config` of a run spec."""
-    from partialfc.train.config import config_from_dict, validate
+    """The :class:`partialfc.train.config.Config` of a run spec: :data:`BASE_CONFIG` with the
+    spec's overrides, through the engine's own loader (every key checked, values typed)."""
+    from partialfc.train.config import apply_overrides, config_from_dict, validate
 
-    data = copy.deepcopy(BASE_CONFIG)
-    for key, value in run["overrides"].items():
-        _set_dotted(data, key, value)
-    _set_dotted(data, "train.seed", run["seed"])
-    _set_dotted(data, "train.device", device)
-    _set_dotted(data, "run.output_dir", str(run_dir.parent))
-    _set_dotted(data, "run.name", run_dir.name)
+    settings = dict(run["overrides"])
+    settings.update({"train.seed": run["seed"], "train.device": device})
+    settings.update({"run.output_dir": str(run_dir.parent), "run.name": run_dir.name})
     if tiny:
-        _set_dotted(data, "train.epochs", TINY["epochs"])
-        _set_dotted(data, "data.batch_size", TINY["batch_size"])
-        if data["data"].get("pk_images"):
-            _set_dotted(data, "data.pk_identities", TINY["batch_size"] // data["data"]["pk_images"])
-        _set_dotted(data, "data.num_workers", 0)
-        _set_dotted(data, "schedule.warmup_epochs", 0.1)
+        settings.update(
+            {
+                "train.epochs": TINY["epochs"],
+                "data.batch_size": TINY["batch_size"],
+                "data.num_workers": 0,
+                "schedule.warmup_epochs": 0.1,
+            }
+        )
+        if settings.get("data.pk_images"):
+            settings["data.pk_identities"] = TINY["batch_size"] // settings["data.pk_images"]
+    overrides = [f"{key}={json.dumps(value)}" for key, value in settings.items()]
+    data = apply_overrides(copy.deepcopy(BASE_CONFIG), overrides)  # JSON values are YAML
     return validate(config_from_dict(data, f"{run['experiment']}/{run['name']}"))
 
 
@@ -207,36 +202,12 @@ def evaluate(embed_fn, tiny: bool) -> dict:
 # ---------------------------------------------------------------------------- one run
 
 
-def use_softmax_head(trainer) -> None:
-    """The 'Softmax' row: the engine trains only a Partial FC head, so this swaps in
-    :class:`partialfc.losses.heads.SoftmaxHead` (``W e + b`` on unnormalised embeddings) with a
-    torch SGD of the run's lr / momentum / weight decay. The LR schedule, clipping and timing
-    stay the engine's; with no Partial FC table to save, the trainer writes no checkpoint."""
-    import torch
-
-    from partialfc.losses.heads import SoftmaxHead
-    from partialfc.train.lr_schedule import WarmupLR
-
-    optim = trainer.cfg.optim
-    head = SoftmaxHead(trainer.num_classes, trainer.cfg.model.embedding_dim)
-    head = head.to(trainer.ctx.device)
-    head.consume_active_rows = lambda: None  # the engine's hook for a skipped head step
-    opt = torch.optim.SGD(
-        head.parameters(), lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
-    )
-    trainer.head, trainer.head_optimizer = head, opt
-    trainer.optimizers = [trainer.optimizer, opt]
-    WarmupLR.remember_base_lr(trainer.optimizers)
-    trainer.save_checkpoint = lambda: None
-
-
 def _train(cfg, training_set: TrainingSet, run_dir: Path, method: str):
-    """Build the trainer (with the method's head) and fit; ``(trainer, seconds, losses)``."""
+    """Build the trainer (its head is the config's ``head.kind``) and fit;
+    ``(trainer, seconds, losses)``."""
     from partialfc.train.engine import Trainer
 
     trainer = Trainer(cfg, run_dir=run_dir, train_set=training_set.dataset())
-    if method == "linear_softmax":
-        use_softmax_head(trainer)
     start = time.perf_counter()
     result = trainer.fit()
     return trainer, time.perf_counter() - start, result

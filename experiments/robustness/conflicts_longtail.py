@@ -1,4 +1,4 @@
-"""Row 3 (seed 002 tables 3 and 5): inter-class conflicts and a long tail.
+"""Row 3 (Partial FC, An et al., CVPR 2022, tables 3 and 5): inter-class conflicts and a long tail.
 
 * Conflicts: a third of the 964 identities are each split into 3 pseudo classes (the paper
   splits 200K of WebFace12M's 600K identities into 3: 600K -> 1M classes); here 964 -> 1,606

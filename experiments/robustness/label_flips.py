@@ -1,5 +1,5 @@
-"""Row 2 (seed 002 table 4): 10 / 20 / 40 % label flips; FC vs PFC r = 0.1 vs PFC* r = 0.1
-(negatives with cosine > 0.4 dropped from the softmax).
+"""Row 2 (Partial FC, An et al., CVPR 2022, table 4): 10 / 20 / 40 % label flips; FC vs PFC r = 0.1
+vs PFC* r = 0.1 (negatives with cosine > 0.4 dropped from the softmax).
 
     python -m experiments.robustness.label_flips --seeds 2 --jobs 2
 """

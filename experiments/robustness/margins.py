@@ -1,4 +1,5 @@
-"""Row 5 (seed 003 margin sweep): losses on clean data at scale s = 30, full softmax (r = 1).
+"""Row 5 (the margin sweep of ArcFace, Deng et al., CVPR 2019): losses on clean data at
+scale s = 30, full softmax (r = 1).
 
 Plain softmax (a linear layer with bias on unnormalised embeddings), NormFace (no margin),
 SphereFace m1 = 1.35, CosFace m3 = 0.35, ArcFace m2 = 0.4 / 0.5 / 0.55, and a triplet loss
@@ -33,7 +34,7 @@ TRIPLET_SEMIHARD = {
 }
 
 ROWS = (
-    ("Softmax (linear + bias)", {}, "linear_softmax"),
+    ("Softmax (linear + bias)", {"head.kind": "softmax"}, "engine"),
     ("NormFace", _margin(), "engine"),
     ("SphereFace m1=1.35", _margin(m1=1.35), "engine"),
     ("CosFace m3=0.35", _margin(m3=0.35), "engine"),

@@ -1,4 +1,5 @@
-"""Row 1 (seed 002 table 1): clean data, full softmax (r = 1) vs Partial FC r in {0.1 .. 0.4}.
+"""Row 1 (Partial FC, An et al., CVPR 2022, table 1): clean data, full softmax (r = 1) vs Partial FC
+r in {0.1 .. 0.4}.
 
 Also r = 0.02, below the batch's own share of the classes (32 / 964 = 0.033): the active set
 is then the batch's positives only, the analogue of the paper's PFC-0.0017 / 0.008 rows.

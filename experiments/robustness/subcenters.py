@@ -1,6 +1,6 @@
-"""Row 4 (seed 003 sub-center table): ArcFace with K in {1, 3, 10} sub-centers on label-flipped
-data, and K = 3 -> 1: train K = 3, drop every sample more than 75 degrees from its class's
-dominant sub-center (``partialfc clean``), retrain from scratch with K = 1 on what is left.
+"""Row 4 (Sub-center ArcFace, Deng et al., ECCV 2020): ArcFace with K in {1, 3, 10} sub-centers on
+label-flipped data, and K = 3 -> 1: train K = 3, drop every sample more than 75 degrees from its
+class's dominant sub-center (``partialfc clean``), retrain from scratch with K = 1 on what is left.
 
     python -m experiments.robustness.subcenters --seeds 2 --jobs 2
 """

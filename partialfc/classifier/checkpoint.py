@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -33,7 +34,9 @@ from torch import Tensor
 from partialfc.atomic import atomic_output, atomic_write_bytes
 from partialfc.classifier.collectives import all_gather_rows_no_grad, all_reduce_flag_all, barrier
 from partialfc.classifier.optim import RowSparseOptimizer
-from partialfc.classifier.partial_fc import PartialFC
+
+if TYPE_CHECKING:  # PartialFC saves and loads its state through this module
+    from partialfc.classifier.partial_fc import PartialFC
 
 __all__ = ["save_partial_fc_checkpoint", "load_partial_fc_checkpoint", "gather_full_centers"]
 

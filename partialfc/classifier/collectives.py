@@ -3,7 +3,7 @@
 Every function works without an initialised process group (world size 1), so the same code runs
 on one process, on gloo (CPU) and on NCCL (GPU).
 
-Autograd conventions (seed 000 §3.2.1):
+Autograd conventions (Partial FC, An et al., arXiv 2010.05222, §3.2.1):
 
 * :func:`all_gather_rows` concatenates every rank's rows (sizes may differ, an empty block is
   fine). Its backward all-reduces (sums) the incoming gradient and returns this rank's slice:

@@ -1,7 +1,8 @@
 """Row-sparse optimizers for :class:`~partialfc.classifier.PartialFC` (sparse update mode).
 
 Only the rows that were active in the last forward move, and only their optimizer state
-changes; every other center and its momentum / moments stay bit-identical (seed 000 Eq. 4:
+changes; every other center and its momentum / moments stay bit-identical (Partial FC, An et al.,
+arXiv 2010.05222, Eq. 4:
 "unsampled centers remain in optimizer state"). The handshake is explicit: ``forward`` records
 the active rows, ``backward`` fills the softmax coefficients, ``step()`` consumes the record,
 walking the active rows a chunk at a time (:func:`~partialfc.classifier.storage.chunk_rows`):
@@ -28,13 +29,16 @@ State tensors live in :class:`~partialfc.classifier.storage.RowTable` s next to 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from partialfc.classifier.partial_fc import PartialFC
 from partialfc.classifier.sampling import sampling_generator
 from partialfc.classifier.storage import ReusableBuffer, RowTable, chunk_rows
+
+if TYPE_CHECKING:  # PartialFC builds its optimizers from here (PartialFC.make_optimizer)
+    from partialfc.classifier.partial_fc import PartialFC
 
 __all__ = ["RowSparseSGD", "RowSparseAdamW", "RowSparseOptimizer"]
 
@@ -46,7 +50,7 @@ class RowSparseOptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ()
 
     def __init__(self, partial_fc: PartialFC, defaults: dict, state_dtype=None) -> None:
-        if not isinstance(partial_fc, PartialFC):
+        if not callable(getattr(partial_fc, "consume_active_rows", None)):  # the ActiveRows source
             raise ValueError(f"expected a PartialFC, got {type(partial_fc).__name__}")
         if partial_fc.update != "sparse":
             raise ValueError(

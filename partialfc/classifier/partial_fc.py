@@ -1,4 +1,5 @@
-"""Partial FC: a class-sharded, negative-sampled margin-softmax classifier (seeds 000, 002).
+"""Partial FC: a class-sharded, negative-sampled margin-softmax classifier (Partial FC, An et
+al., arXiv 2010.05222 and CVPR 2022).
 
 Per step, on every rank (``N`` ranks, global batch ``B = sum_r b_r``):
 
@@ -45,6 +46,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from partialfc.autograd import scale_gradient
 from partialfc.classifier.collectives import (
     all_gather_rows,
     all_gather_rows_no_grad,
@@ -64,6 +66,7 @@ from partialfc.classifier.storage import (
     RowTable,
     chunk_rows,
 )
+from partialfc.losses.contract import Head, OptimizerSettings
 from partialfc.losses.margins import CombinedMargin
 from partialfc.losses.subcenter import max_over_subcenters
 
@@ -303,18 +306,7 @@ class _StepPlan:
     world_size: int
 
 
-class _ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, factor: float) -> Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad * ctx.factor, None
-
-
-class PartialFC(nn.Module):
+class PartialFC(Head):
     """Class-sharded, sampled margin-softmax over ``num_classes`` centers (see module docstring).
 
     Args:
@@ -443,6 +435,63 @@ class PartialFC(nn.Module):
             )
         return record
 
+    # ------------------------------------------------------------------ the head contract
+    def angular_margin(self) -> CombinedMargin:
+        return self.margin
+
+    def make_optimizer(self, settings: OptimizerSettings) -> torch.optim.Optimizer:
+        """:class:`RowSparseSGD` or :class:`RowSparseAdamW` over the centers (only the active
+        rows and their state move); ``update="dense"``: a torch optimizer (:class:`Head`)."""
+        from partialfc.classifier.optim import RowSparseAdamW, RowSparseSGD
+
+        if self.update == "dense":
+            return super().make_optimizer(settings)
+        if settings.name == "sgd":
+            return RowSparseSGD(
+                self,
+                lr=settings.lr,
+                momentum=settings.momentum,
+                weight_decay=settings.weight_decay,
+            )
+        if settings.name == "adamw":
+            return RowSparseAdamW(
+                self,
+                lr=settings.lr,
+                betas=tuple(settings.betas),
+                eps=settings.eps,
+                weight_decay=settings.weight_decay,
+            )
+        raise ValueError(f"optimizer name={settings.name!r}: choose sgd or adamw")
+
+    def discard_step(self) -> None:
+        """Drop the recorded active rows: the optimizer step does not happen for them."""
+        self.consume_active_rows()
+
+    def save_state(self, directory, optimizer=None) -> None:
+        """This rank's shard [+ optimizer state] (:func:`save_partial_fc_checkpoint`)."""
+        from partialfc.classifier.checkpoint import save_partial_fc_checkpoint
+
+        save_partial_fc_checkpoint(directory, self, optimizer)
+
+    def load_state(self, directory, optimizer=None) -> None:
+        """This rank's rows of a checkpoint written on any number of ranks."""
+        from partialfc.classifier.checkpoint import load_partial_fc_checkpoint
+
+        load_partial_fc_checkpoint(directory, self, optimizer)
+
+    def diagnostics(self, embeddings: Tensor, labels: Tensor, seed: int = 0) -> dict[str, float]:
+        """APCS / AMNCS / MICS of the last forward (all ranks take part; before the optimizer
+        step), see :mod:`partialfc.classifier.diagnostics`."""
+        from partialfc.classifier.diagnostics import partial_fc_diagnostics
+
+        return partial_fc_diagnostics(embeddings, labels, self, seed=seed)
+
+    def class_centers(self) -> Tensor:
+        """The whole table gathered on every rank (all ranks take part)."""
+        from partialfc.classifier.checkpoint import gather_full_centers
+
+        return gather_full_centers(self)
+
     # ------------------------------------------------------------------ helpers
     @property
     def local_num_rows(self) -> int:
@@ -507,7 +556,7 @@ class PartialFC(nn.Module):
 
         x_hat = F.normalize(local_embeddings.to(self.device, torch.float32), dim=1)
         if self.backbone_grad_reduction == "mean" and self.world_size > 1:
-            x_hat = _ScaleGrad.apply(x_hat, float(self.world_size))
+            x_hat = scale_gradient(x_hat, float(self.world_size))
         x_all = all_gather_rows(x_hat, sizes, self.process_group)
         labels_all = all_gather_rows_no_grad(
             local_labels.to(self.device, torch.long), sizes, self.process_group

@@ -1,4 +1,5 @@
-"""Positive-preserving negative sampling inside one rank's class block (seed 000 §3.3).
+"""Positive-preserving negative sampling inside one rank's class block (Partial FC, An et al.,
+arXiv 2010.05222, §3.3).
 
 The active set of a rank is every local class that is a label in the *global* batch, plus
 negatives drawn uniformly without replacement from the remaining local classes, up to a fixed

@@ -40,7 +40,7 @@ from partialfc.data.recordio import (
     unpack_record,
 )
 from partialfc.data.sampler import ResumableDistributedSampler
-from partialfc.data.transforms import collate_images, normalize_batch
+from partialfc.data.transforms import collate_images
 from partialfc.data.verification_bin import (
     UnsafePickleError,
     decode_images,
@@ -57,7 +57,6 @@ __all__ = [
     "collate_images",
     "flip_labels",
     "long_tail",
-    "normalize_batch",
     "pack_images",
     "split_identities",
     "umeyama_similarity",

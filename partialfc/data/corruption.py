@@ -1,5 +1,5 @@
-"""Controlled corruption of a labelled set, for robustness studies (Partial FC, seed 002 §3.3,
-tables 3-5): label flips, inter-class conflicts and long-tail resampling.
+"""Controlled corruption of a labelled set, for robustness studies (Partial FC, An et al.,
+CVPR 2022, §3.3, tables 3-5): label flips, inter-class conflicts and long-tail resampling.
 
 Each function takes the clean labels (int64 (N,), contiguous 0..K-1) and a seed, and returns a
 :class:`Corruption` that keeps the ground truth next to what the model will see; wrap the base

@@ -2,7 +2,7 @@
 
 Every dataset yields ``(image, label)`` — ``image`` a uint8 tensor (C, H, W) in RGB order (or
 (1, H, W) grey), ``label`` an int — or ``(image, label, index)`` with ``return_index=True``.
-Normalisation to float happens on the batch (:func:`partialfc.data.transforms.normalize_batch`),
+Normalisation to float happens on the batch (:func:`partialfc.backbone.pixels.normalize_batch`),
 so workers ship 4x fewer bytes. Every dataset exposes ``labels`` (int64 numpy array) and
 ``num_classes`` for samplers and the corruption wrappers.
 """

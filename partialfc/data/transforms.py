@@ -1,5 +1,5 @@
-"""Augmentations on uint8 image tensors (C, H, W), meant to run in DataLoader workers, and the
-batch normalisation that runs on the training device.
+"""Augmentations on uint8 image tensors (C, H, W), meant to run in DataLoader workers (the
+batch normalisation on the training device is :func:`partialfc.backbone.pixels.normalize_batch`).
 
 Randomness comes from torch's global generator (``torch.rand``), so a caller can make each
 sample's augmentation reproducible by seeding around the call (``torch.random.fork_rng``).
@@ -13,11 +13,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-
-
-def normalize_batch(images: torch.Tensor) -> torch.Tensor:
-    """uint8 batch (B, C, H, W) -> float32 in [-1, 1]: ``(x / 255 - 0.5) / 0.5``."""
-    return (images.float() / 255.0 - 0.5) / 0.5
 
 
 def _uniform(low: float, high: float) -> float:

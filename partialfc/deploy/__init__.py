@@ -1,7 +1,8 @@
 """Using a trained backbone: export (ONNX + safetensors + preprocessing spec), ``Embedder``,
 calibrated 1:1 verification, and a persistent faiss ``Gallery`` for 1:N search."""
 
-from partialfc.deploy.embedder import Embedder
+from partialfc.backbone.embedder import Embedder
+from partialfc.backbone.spec import PreprocessingSpec
 from partialfc.deploy.export import (
     ExportCheckError,
     ExportResult,
@@ -9,7 +10,6 @@ from partialfc.deploy.export import (
     export_checkpoint,
 )
 from partialfc.deploy.gallery import Gallery, GalleryFileError, SearchResult
-from partialfc.deploy.spec import PreprocessingSpec
 from partialfc.deploy.verify import (
     CalibratedThreshold,
     Verification,

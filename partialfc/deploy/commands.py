@@ -161,7 +161,9 @@ def _embed_labelled(embedder, path, args, desc: str):
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    from partialfc.backbone.embedding import l2_normalize
+
+    return l2_normalize(x)
 
 
 def _atomic_savez(path: Path, **arrays) -> None:
@@ -198,7 +200,7 @@ def _export(args) -> int:
 
 
 def _load(args):
-    from partialfc.deploy.embedder import Embedder
+    from partialfc.backbone.embedder import Embedder
 
     return Embedder.load(args.model, backend=args.backend, device=args.device)
 

@@ -28,11 +28,9 @@ import torch
 from torch import nn
 
 from partialfc.atomic import atomic_output
-from partialfc.deploy.spec import SPEC_FILENAME, PreprocessingSpec
+from partialfc.backbone.io import METADATA_KEY, ONNX_FILENAME, WEIGHTS_FILENAME
+from partialfc.backbone.spec import SPEC_FILENAME, PreprocessingSpec
 
-ONNX_FILENAME = "backbone.onnx"
-WEIGHTS_FILENAME = "backbone.safetensors"
-METADATA_KEY = "partialfc.preprocessing"
 INPUT_NAME, OUTPUT_NAME = "images", "embeddings"
 
 
@@ -204,7 +202,7 @@ def export_backbone(
 
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, **kwargs):
     """Export the backbone of a training checkpoint (or the newest one of a run folder)."""
-    from partialfc.train.checkpoint import load_backbone_from_checkpoint
+    from partialfc.backbone.io import load_backbone_from_checkpoint
 
     model, model_config = load_backbone_from_checkpoint(checkpoint)
     spec = PreprocessingSpec.from_model_config(model_config)

@@ -54,8 +54,9 @@ class SearchResult:
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    from partialfc.backbone.embedding import l2_normalize
+
+    return l2_normalize(x)
 
 
 def _digest(ids: np.ndarray, sums: np.ndarray, counts: np.ndarray, meta: dict | None) -> str:

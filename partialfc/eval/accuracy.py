@@ -3,7 +3,7 @@
 LFW protocol: the pairs are split into contiguous folds (LFW's ``pairs.txt`` lists its 10
 folds in order); for each fold the threshold maximising accuracy on the *other* folds is
 applied to it; report the mean ± standard deviation of the fold accuracies. Accuracy hides
-which errors were made (seed 001, ch. 6), so counts of false accepts/rejects come with it.
+which errors were made (LFW, Huang et al. 2007), so counts of false accepts/rejects come with it.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"partialfc eval: {err}", file=sys.stderr)
         return 2
-    from partialfc.deploy.embedder import Embedder
+    from partialfc.backbone.embedder import Embedder
 
     from .embedding import with_input_size, with_shift_averaging
     from .protocols import Ijb

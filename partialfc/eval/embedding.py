@@ -1,7 +1,7 @@
 """Calling an embedding function: batching, the flip test, L2 normalisation.
 
 An *embed function* maps ``uint8`` images ``(N, H, W)`` or ``(N, H, W, C)`` to an ``(N, d)``
-array. ``partialfc.deploy.embedder.Embedder.embed`` is one; so is any Python callable.
+array. ``partialfc.backbone.embedder.Embedder.embed`` is one; so is any Python callable.
 """
 
 from __future__ import annotations
@@ -10,13 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from partialfc.backbone.embedding import l2_normalize
+
 EmbedFn = Callable[[np.ndarray], np.ndarray]
-
-
-def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Rows divided by their L2 norm (rows of zeros stay zero)."""
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
 
 
 def flip_horizontal(images: np.ndarray) -> np.ndarray:

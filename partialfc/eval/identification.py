@@ -1,4 +1,5 @@
-"""1:N identification: closed-set CMC and open-set FNIR at FPIR.
+"""1:N identification: closed-set CMC and open-set FNIR at FPIR (NIST FRVT 1:N, Grother et al.,
+NISTIR 8271, 2019).
 
 Ranks count *identities*, not gallery rows: a probe's mated rank is 1 + the number of other
 identities whose best score is ``>=`` the best mated score (ties count against the probe).

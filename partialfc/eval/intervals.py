@@ -1,7 +1,8 @@
 """Binomial proportions with exact (Clopper–Pearson) confidence intervals.
 
 A rate measured as ``k`` events out of ``n`` trials is only as good as ``k``: its relative
-standard error is about ``1/sqrt(k)`` (seed 001, ch. 6, the Poisson argument). Every rate in
+standard error is about ``1/sqrt(k)`` (binomial counting: ``k`` is nearly Poisson when
+rates are small). Every rate in
 ``partialfc.eval`` is therefore a :class:`Proportion` that carries ``k`` and ``n``.
 """
 

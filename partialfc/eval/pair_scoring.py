@@ -1,6 +1,7 @@
 """All-pairs scoring at scale: blockwise GEMM into a fine histogram plus the exact top scores.
 
-``N`` templates give ``N(N−1)/2`` pairs — 10^8 for N ≈ 14,150. The scores
+``N`` templates give ``N(N−1)/2`` pairs — 10^8 for N ≈ 14,150 (the size of IJB-C's
+1:1 protocol, Maze et al., ICB 2018). The scores
 are never materialised: each ``block × block`` tile of ``E Eᵀ`` (upper triangle only) is
 reduced at once into
 

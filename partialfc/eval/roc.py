@@ -2,7 +2,7 @@
 
 A pair is accepted when ``score >= t``. For every distinct score ``t`` (descending),
 ``TAR(t) = #{genuine >= t} / n_genuine`` and ``FAR(t) = #{impostor >= t} / n_impostor``
-(seed 001, ch. 6, "A ROC computed entirely by hand"). Tied scores move the curve diagonally in
+(Fawcett, Pattern Recognition Letters 2006). Tied scores move the curve diagonally in
 one step, so the area under it equals the Mann–Whitney statistic with ties counted one half.
 """
 

@@ -1,4 +1,5 @@
-"""Per-group error rates at ONE shared threshold (seed 001, ch. 6 and ch. 8).
+"""Per-group error rates at ONE shared threshold (NIST FRVT demographic effects,
+Grother et al., NISTIR 8280, 2019).
 
 A one-sigma shift of a group's impostor-score mean is invisible on a histogram and yet gives
 a ~100x higher false match rate at a shared threshold, because the tail is exponential. So each

@@ -1,4 +1,5 @@
-"""Templates: many images of one subject, one vector (seed 001, ch. 6, "Templates").
+"""Templates: many images of one subject, one vector (IJB-C templates, Maze et al.,
+ICB 2018).
 
 Average the *un-normalised* embeddings, then normalise: the norm carries quality, so the sum is
 a free quality-weighted average. IJB templates pool by media first (the frames of one video are

@@ -1,4 +1,4 @@
-"""Contrastive loss (Chopra, Hadsell & LeCun 2005-2006; seed 001 ch. 1).
+"""Contrastive loss (Chopra, Hadsell & LeCun, CVPR 2005; Hadsell et al., CVPR 2006).
 
 On L2-normalised embeddings with Euclidean distance ``D = |a - b|`` (in [0, 2]):
 
@@ -17,9 +17,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from partialfc.losses._validation import check_embeddings_and_labels
+from partialfc.losses.contract import Head, stats_as_floats
 from partialfc.losses.triplet import squared_distances
 
 __all__ = ["ContrastiveLoss", "ContrastiveStats"]
@@ -37,7 +38,7 @@ class ContrastiveStats:
     active_fraction: float  # active negatives / negative pairs
 
 
-class ContrastiveLoss(nn.Module):
+class ContrastiveLoss(Head):
     """``loss(embeddings, labels) -> scalar``; diagnostics in ``self.last_stats``.
 
     Args:
@@ -71,6 +72,10 @@ class ContrastiveLoss(nn.Module):
         pull_term = pull.mean() if pull.numel() else zero
         push_term = push.mean() if push.numel() else zero
         return pull_term + push_term
+
+    def diagnostics(self, embeddings: Tensor, labels: Tensor, seed: int = 0) -> dict[str, float]:
+        """The last call's :class:`ContrastiveStats` as floats (no parameters, no centers)."""
+        return stats_as_floats(self.last_stats)
 
     def extra_repr(self) -> str:
         return f"margin={self.margin}"

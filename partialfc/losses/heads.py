@@ -1,4 +1,6 @@
-"""Dense classification heads: embeddings + labels -> loss (seed 001 ch. 3-5, seed 003).
+"""Dense classification heads: embeddings + labels -> loss (NormFace, Wang et al., ACM MM
+2017; SphereFace, Liu et al., CVPR 2017; CosFace, Wang et al., CVPR 2018; ArcFace, Deng et al.,
+CVPR 2019).
 
 * :class:`MarginSoftmaxHead` — normalised embeddings against normalised class (sub-)centers,
   ``logits = margin(cos, target)`` (ArcFace, CosFace, SphereFace, NormFace, combined), optional
@@ -20,6 +22,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from partialfc.losses._validation import check_embeddings_and_labels, check_positive_int
+from partialfc.losses.contract import Head
 from partialfc.losses.margin_softmax import margin_cross_entropy, normalized_margin_cross_entropy
 from partialfc.losses.margins import CombinedMargin, angle_from_cos
 from partialfc.losses.penalties import inter_angular_penalty, intra_angular_penalty
@@ -81,7 +84,7 @@ class SubcenterAssignment:
     angle_deg: Tensor
 
 
-class MarginSoftmaxHead(nn.Module):
+class MarginSoftmaxHead(Head):
     """Margin-softmax over ``num_classes`` classes with ``num_subcenters`` centers each.
 
     ``loss = CE(margin(max_k cos(x, w_ck), y)) + intra_weight L_intra + inter_weight L_inter``
@@ -231,6 +234,13 @@ class MarginSoftmaxHead(nn.Module):
         angle = angle_from_cos(best_cos)
         return SubcenterAssignment(subcenter, best_cos, angle, torch.rad2deg(angle))
 
+    def angular_margin(self) -> CombinedMargin:
+        return self.margin
+
+    def class_centers(self) -> Tensor:
+        """The ``(C * K, d)`` center table, float32 copy."""
+        return self.weight.detach().float().clone()
+
     def extra_repr(self) -> str:
         return (
             f"num_classes={self.num_classes}, embedding_dim={self.embedding_dim}, "
@@ -238,7 +248,7 @@ class MarginSoftmaxHead(nn.Module):
         )
 
 
-class SoftmaxHead(nn.Module):
+class SoftmaxHead(Head):
     """Plain softmax baseline: ``logits = W x + b`` on un-normalised embeddings, mean CE loss.
 
     Args:
@@ -263,3 +273,7 @@ class SoftmaxHead(nn.Module):
 
     def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
         return F.cross_entropy(self.logits(embeddings, labels), labels.long())
+
+    def class_centers(self) -> Tensor:
+        """The ``(C, d)`` rows of ``W`` (float32 copy; the bias is not part of it)."""
+        return self.linear.weight.detach().float().clone()

@@ -1,4 +1,5 @@
-"""Additive / multiplicative angular margins on the target cosine (seed 003, seed 001 ch. 4-5).
+"""Additive / multiplicative angular margins on the target cosine (SphereFace, Liu et al.,
+CVPR 2017; CosFace, Wang et al., CVPR 2018; ArcFace, Deng et al., CVPR 2019).
 
 One function of cosines, shared by the dense heads and by Partial FC:
 

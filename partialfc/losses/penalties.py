@@ -1,4 +1,4 @@
-"""Intra- and inter-class angular penalties of the ArcFace paper (seed 003, L5 and L6).
+"""Intra- and inter-class angular penalties of ArcFace (Deng et al., CVPR 2019, L5 and L6).
 
     L5 = L2 + (1/pi) * theta_{y_i}                                   (intra: pull to own center)
     L6 = L2 - 1/(pi (N-1)) * sum_{j != y_i} arccos(W_{y_i}^T W_j)    (inter: spread the centers)

@@ -1,4 +1,4 @@
-"""ProxyNCA (Movshovitz-Attias et al. 2017; seed 001 ch. 3): one learnable proxy per class.
+"""ProxyNCA (Movshovitz-Attias et al., ICCV 2017): one learnable proxy per class.
 
 With L2-normalised embeddings ``x`` and proxies ``p`` and ``d(x, p) = |x - p|^2 = 2 - 2 cos``:
 
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from partialfc.losses._validation import check_embeddings_and_labels, check_positive_int
+from partialfc.losses.contract import Head
 
 __all__ = ["ProxyNCALoss", "ProxyNCAStats"]
 
@@ -31,7 +32,7 @@ class ProxyNCAStats:
     nearest_own_fraction: float
 
 
-class ProxyNCALoss(nn.Module):
+class ProxyNCALoss(Head):
     """``loss(embeddings, labels) -> scalar`` with a ``(num_classes, d)`` proxy table.
 
     Args:
@@ -65,6 +66,17 @@ class ProxyNCALoss(nn.Module):
         nearest = int((neg_dist.argmax(dim=1) == labels).sum())
         self.last_stats = ProxyNCAStats(labels.numel(), nearest, nearest / max(labels.numel(), 1))
         return losses.mean()
+
+    def class_centers(self) -> Tensor:
+        """The ``(C, d)`` proxies, float32 copy."""
+        return self.proxies.detach().float().clone()
+
+    def diagnostics(self, embeddings: Tensor, labels: Tensor, seed: int = 0) -> dict[str, float]:
+        """APCS / AMNCS / MICS over the proxies, and the last call's nearest-own-proxy share."""
+        out = super().diagnostics(embeddings, labels, seed)
+        if self.last_stats is not None:
+            out["nearest_own_fraction"] = float(self.last_stats.nearest_own_fraction)
+        return out
 
     def extra_repr(self) -> str:
         return (

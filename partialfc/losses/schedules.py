@@ -1,4 +1,5 @@
-"""Margin and scale schedules (seed 001 ch. 5, "the initialisation blow-up").
+"""Margin and scale schedules (the "initialisation blow-up" of the
+ArcFace loss, Deng et al., CVPR 2019, derived below).
 
 At initialisation every target angle is near 90 deg, and a full margin adds tens of nats of loss
 before the model has done anything wrong. Two standard remedies:

@@ -1,4 +1,5 @@
-"""Sub-center reduction (Sub-center ArcFace, seed 003): max over the K centers of each class.
+"""Sub-center reduction (Sub-center ArcFace, Deng et al., ECCV 2020): max over the K centers of each
+class.
 
 Center tables are class-major: rows ``c*K ... c*K + K - 1`` belong to class ``c``, so the cosine
 matrix ``(B, N*K)`` reshapes to ``(B, N, K)`` without copying. The max is taken *before* the

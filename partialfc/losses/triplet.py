@@ -1,4 +1,5 @@
-"""Triplet loss on the unit sphere with online mining (seed 001 ch. 1-2; FaceNet; Hermans et al.).
+"""Triplet loss on the unit sphere with online mining (FaceNet, Schroff et al.,
+CVPR 2015; batch-hard and soft margin: Hermans et al., arXiv 1703.07737).
 
 Embeddings are L2-normalised, distances are squared Euclidean, ``d = |a - b|^2 = 2 - 2 cos``,
 and a triplet (anchor a, positive p, negative n) costs
@@ -30,10 +31,11 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from partialfc.losses._validation import check_embeddings_and_labels
+from partialfc.losses.contract import Head, stats_as_floats
 
 __all__ = ["TripletLoss", "TripletStats", "Triplets", "squared_distances"]
 
@@ -112,7 +114,7 @@ class _AllTriplets(torch.autograd.Function):
         return grad * grad_total, None, None, None, None, None
 
 
-class TripletLoss(nn.Module):
+class TripletLoss(Head):
     """Triplet loss on the unit sphere: ``loss(embeddings, labels) -> scalar``.
 
     Args:
@@ -238,6 +240,10 @@ class TripletLoss(nn.Module):
             int(triplets.in_band.sum()),
         )
         return self._reduce(losses.sum(), num_triplets, num_active)
+
+    def diagnostics(self, embeddings: Tensor, labels: Tensor, seed: int = 0) -> dict[str, float]:
+        """The last call's :class:`TripletStats` as floats (no parameters, no centers)."""
+        return stats_as_floats(self.last_stats)
 
     def extra_repr(self) -> str:
         return f"margin={self.margin}, mining={self.mining!r}, soft_margin={self.soft_margin}"

@@ -43,6 +43,23 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+def register_model(name: str):
+    """Decorator adding a backbone builder to :data:`MODELS` under ``name`` (as timm's
+    ``register_model``), so checkpoints that name it reload with :func:`build_model`.
+
+    The builder takes ``build_model``'s keyword arguments (``embedding_dim``, ``input_size``,
+    ``in_channels``, ``dropout``). Registering a taken name for another builder is an error.
+    """
+
+    def register(builder):
+        if MODELS.get(name, builder) is not builder:
+            raise ValueError(f"model name {name!r} is already registered")
+        MODELS[name] = builder
+        return builder
+
+    return register
+
+
 def build_model(
     name: str,
     embedding_dim: int = 512,
@@ -75,6 +92,7 @@ __all__ = [
     "iresnet200",
     "iresnet_small",
     "mobilefacenet",
+    "register_model",
     "vit_b",
     "vit_s",
     "vit_t",

@@ -31,11 +31,11 @@ def check_in_channels(in_channels: int) -> int:
     return in_channels
 
 
-class EmbeddingHead(nn.Module):
+class EmbeddingLayer(nn.Module):
     """ArcFace output block: ``BN → Dropout → Flatten → FC → BN`` to the embedding.
 
     The final BatchNorm1d keeps its scale fixed at 1 (only the shift is learned), as in
-    the ArcFace reference models, so the head cannot shrink the feature norm by itself.
+    the ArcFace reference models, so the layer cannot shrink the feature norm by itself.
     """
 
     def __init__(self, channels: int, spatial: int, embedding_dim: int, dropout: float):

@@ -1,4 +1,4 @@
-"""IResNet: the "improved residual" backbones of ArcFace (seed 003, "Hyperparameters").
+"""IResNet: the "improved residual" backbones of ArcFace (Deng et al., CVPR 2019).
 
 Stem: ``conv3×3(64, stride 1) → BN → PReLU``. Four stages of IR blocks, each stage halving
 the resolution in its first block::
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from partialfc.models.common import EmbeddingHead, as_hw, check_in_channels, conv_out
+from partialfc.models.common import EmbeddingLayer, as_hw, check_in_channels, conv_out
 
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
@@ -101,7 +101,8 @@ class IResNet(nn.Module):
             h, w = conv_out(h, 3, 2, 1), conv_out(w, 3, 2, 1)
         self.stages = nn.Sequential(*stages)
         self.feature_map_size = (h, w)
-        self.head = EmbeddingHead(cin, h * w, embedding_dim, dropout)
+        # "head" names the state-dict keys of every checkpoint written so far
+        self.head = EmbeddingLayer(cin, h * w, embedding_dim, dropout)
         self._init_weights()
 
     def _init_weights(self) -> None:

@@ -1,4 +1,5 @@
-"""Sub-center cleaning of a noisy training set (seed 003, sub-center ArcFace).
+"""Sub-center cleaning of a noisy training set (Sub-center ArcFace, Deng et al.,
+ECCV 2020).
 
 The recipe, given a model trained with ``K`` sub-centers per class (K = 3 in the paper):
 
@@ -219,15 +220,12 @@ def load_head_centers(checkpoint: str | Path) -> tuple[torch.Tensor, int]:
 
 def resolve_training_checkpoint(path: str | Path) -> Path:
     """A ``checkpoints/step-*`` directory, given it or a run folder (newest checkpoint)."""
-    from partialfc.train.checkpoint import list_checkpoints
+    from partialfc.backbone.io import newest_checkpoint
 
-    path = Path(path)
-    if (path / "model.json").is_file():
-        return path
-    found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
-    if not found:
+    found = newest_checkpoint(path)
+    if found is None:
         raise FileNotFoundError(f"{path}: no training checkpoint (model.json) found")
-    return found[-1]
+    return found
 
 
 @torch.no_grad()
@@ -241,29 +239,23 @@ def embed_to_memmap(
 ) -> np.memmap:
     """Embed ``dataset`` (yielding ``(uint8 C×H×W, label, ...)``) into an (N, d) float32 memory
     map at ``path``, rows L2-normalised; only one batch is in memory at a time."""
-    from partialfc.data.transforms import normalize_batch
+    from partialfc.backbone.embedding import run_backbone
 
     device = torch.device(device)
-    was_training = backbone.training
-    backbone.eval().to(device)
+    backbone.to(device)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers
     )
     out = None
     row = 0
-    try:
-        for batch in loader:
-            images = batch[0]
-            e = backbone(normalize_batch(images.to(device))).float()
-            e = torch.nn.functional.normalize(e, dim=1).cpu().numpy()
-            if out is None:
-                out = np.lib.format.open_memmap(
-                    path, mode="w+", dtype=np.float32, shape=(len(dataset), e.shape[1])
-                )
-            out[row : row + len(e)] = e
-            row += len(e)
-    finally:
-        backbone.train(was_training)
+    for e in run_backbone(backbone, (batch[0] for batch in loader), device):
+        e = torch.nn.functional.normalize(e, dim=1).numpy()
+        if out is None:
+            out = np.lib.format.open_memmap(
+                path, mode="w+", dtype=np.float32, shape=(len(dataset), e.shape[1])
+            )
+        out[row : row + len(e)] = e
+        row += len(e)
     if out is None:
         raise ValueError("embed_to_memmap: the dataset is empty")
     out.flush()
@@ -415,7 +407,7 @@ def clean_checkpoint(
 ) -> tuple[CleaningResult, dict]:
     """Embed ``dataset`` with the checkpoint's backbone, apply the rule with its head's
     sub-centers, write the report (and the cleaned set); return ``(result, summary)``."""
-    from partialfc.train.checkpoint import load_backbone_from_checkpoint
+    from partialfc.backbone.io import load_backbone_from_checkpoint
 
     ckpt = resolve_training_checkpoint(checkpoint)
     backbone, _ = load_backbone_from_checkpoint(ckpt)

@@ -1,4 +1,5 @@
-"""Knowledge distillation objective for a small student backbone (seed 003, "Hyperparameters").
+"""Knowledge distillation objective for a small student backbone (feature regression and logit
+KL, as in ArcFace, Deng et al., IEEE TPAMI 2022).
 
 For a batch with student embeddings ``s``, teacher embeddings ``t`` (same images, teacher
 frozen) and labels ``y``::
@@ -141,7 +142,7 @@ class DistillationTerm:
             student.
         teacher_centers: ``(C · K_t, d)`` teacher center table (class-major sub-centers).
         teacher_subcenters: ``K_t``; default 1.
-        feature_weight / kl_weight / temperature: defaults 1.0 / 0.1 / 1.0 (seed 003).
+        feature_weight / kl_weight / temperature: defaults 1.0 / 0.1 / 1.0.
     """
 
     name = "distill"
@@ -165,22 +166,27 @@ class DistillationTerm:
         self.temperature = float(temperature)
 
     def __call__(self, ctx):
-        from partialfc.classifier.checkpoint import gather_full_centers
         from partialfc.losses.subcenter import max_over_subcenters
         from partialfc.train.extra_losses import LossTerm
 
         head = ctx.head
+        student_centers, margin = head.class_centers(), head.angular_margin()
+        if student_centers is None or margin is None:
+            raise ValueError(
+                f"distillation needs a student head with class centers and an angular margin "
+                f"(head.kind=partial_fc or margin_softmax), got {type(head).__name__}"
+            )
         with torch.no_grad():
             device = ctx.images.device
             teacher = self.teacher.to(device)(ctx.images).float()
-            student_centers = F.normalize(gather_full_centers(head).to(device), dim=1)
+            student_centers = F.normalize(student_centers.to(device), dim=1)
         self.teacher_centers = self.teacher_centers.to(device)
         student_cos = F.normalize(ctx.embeddings, dim=1) @ student_centers.T
         if head.num_subcenters > 1:
             student_cos = max_over_subcenters(student_cos, head.num_subcenters)[0]
         teacher_cos = _teacher_cosines(teacher, self.teacher_centers, self.teacher_subcenters)
         t = feature_and_kl(
-            ctx.embeddings, teacher, student_cos, teacher_cos, head.margin.scale, self.temperature
+            ctx.embeddings, teacher, student_cos, teacher_cos, margin.scale, self.temperature
         )
         loss = self.feature_weight * t["feature"] + self.kl_weight * self.temperature**2 * t["kl"]
         return LossTerm(
@@ -196,15 +202,15 @@ class DistillationTerm:
 def load_teacher(spec: str, device="cpu") -> tuple[nn.Module, Tensor, int, dict]:
     """A training run folder or checkpoint → ``(backbone, centers, num_subcenters, meta)``.
 
-    ``centers`` is the full ``(C · K, d)`` float32 center table of its Partial FC head.
+    ``centers`` is the full ``(C · K, d)`` float32 center table of its head (any kind with
+    class centers: Partial FC, margin-softmax, softmax, ProxyNCA).
     """
     import json
     from pathlib import Path
 
-    from partialfc.classifier import load_partial_fc_checkpoint
-    from partialfc.classifier.checkpoint import gather_full_centers
+    from partialfc.backbone.io import load_backbone_from_checkpoint
     from partialfc.train.builders import build_head
-    from partialfc.train.checkpoint import load_backbone_from_checkpoint, resolve_checkpoint
+    from partialfc.train.checkpoint import resolve_checkpoint
     from partialfc.train.config import config_from_dict
 
     path = Path(spec)
@@ -217,8 +223,10 @@ def load_teacher(spec: str, device="cpu") -> tuple[nn.Module, Tensor, int, dict]
     head, _ = build_head(
         cfg.head, cfg.model.embedding_dim, int(meta["num_classes"]), 0, torch.device(device)
     )
-    load_partial_fc_checkpoint(path / "head", head)
-    centers = gather_full_centers(head)
+    head.load_state(path / "head")
+    centers = head.class_centers()
+    if centers is None:
+        raise ValueError(f"teacher {spec!r}: its head (head.kind={cfg.head.kind!r}) has no centers")
     info = {"checkpoint": str(path), "model": model_config, "num_classes": meta["num_classes"]}
     return backbone.to(device), centers, head.num_subcenters, info
 

@@ -1,4 +1,5 @@
-"""Model inversion: synthesise inputs from a trained backbone alone, no generator (seed 003).
+"""Model inversion: synthesise inputs from a trained backbone alone, no generator (ArcFace,
+Deng et al., IEEE TPAMI 2022).
 
 Start from noise ``x`` and run Adam on the *input*, minimising::
 
@@ -234,8 +235,8 @@ def run(args: argparse.Namespace) -> int:
     import cv2
 
     from partialfc.atomic import atomic_write_bytes
+    from partialfc.backbone.embedder import Embedder, TorchBackend
     from partialfc.deploy.commands import read_images
-    from partialfc.deploy.embedder import Embedder, TorchBackend
     from partialfc.ranges import Range, check_options
 
     try:

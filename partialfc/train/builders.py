@@ -1,4 +1,4 @@
-"""Config sections → objects: backbone, margin and its schedule, Partial FC head, optimizers.
+"""Config sections → objects: backbone, margin and its schedule, the loss head, optimizers.
 
 Each builder takes one typed config section; all construction arguments are explicit fields of
 that section (no free-form keyword bags except the model's own ``kwargs``).
@@ -9,16 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from partialfc.backbone.io import build_backbone_from_model_config
 from partialfc.train.config import HeadConfig, MarginConfig, ModelConfig, OptimConfig
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def build_backbone_from_model_config(model_config: dict) -> nn.Module:
-    """Rebuild a backbone from ``{"name": ..., "kwargs": {...}}`` (as stored in checkpoints)."""
-    from partialfc.models import build_model
-
-    return build_model(model_config["name"], **model_config["kwargs"])
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def build_backbone(cfg: ModelConfig, input_size: int, in_channels: int) -> tuple[nn.Module, dict]:
@@ -53,17 +47,15 @@ def build_margin_schedule(cfg: MarginConfig, margin):
     return None
 
 
-def build_head(
-    cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int, device, process_group=None
-):
-    """The Partial FC head over ``num_classes`` (sharded over the ranks) and its margin."""
+def _partial_fc(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int, device, pg):
+    """Partial FC (An et al., CVPR 2022): sharded over the ranks, ``sample_rate`` of the
+    negatives per step; the default kind."""
     from partialfc.classifier import PartialFC
 
-    margin = build_margin(cfg.margin)
-    head = PartialFC(
+    return PartialFC(
         num_classes=num_classes,
         embedding_dim=embedding_dim,
-        margin=margin,
+        margin=build_margin(cfg.margin),
         sample_rate=cfg.sample_rate,
         num_subcenters=cfg.num_subcenters,
         negative_cos_threshold=cfg.negative_cos_threshold,
@@ -71,9 +63,91 @@ def build_head(
         device=device,
         storage_device=None if cfg.storage_device == "compute" else cfg.storage_device,
         seed=seed,
-        process_group=process_group,
+        process_group=pg,
     )
-    return head, margin
+
+
+def _seeded_centers(num_classes: int, embedding_dim: int, num_subcenters: int, seed: int):
+    """The initial table Partial FC draws for the same seed (so the kinds start alike)."""
+    from partialfc.classifier import init_center_rows
+
+    return init_center_rows(num_classes, embedding_dim, num_subcenters, seed, 0, num_classes)
+
+
+def _margin_softmax(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int, device, pg):
+    """Dense margin-softmax (ArcFace, Deng et al., CVPR 2019; sub-centers with
+    ``num_subcenters`` > 1), initialised like Partial FC with the same seed."""
+    from partialfc.losses.heads import MarginSoftmaxHead
+
+    head = MarginSoftmaxHead(
+        num_classes, embedding_dim, build_margin(cfg.margin), num_subcenters=cfg.num_subcenters
+    )
+    with torch.no_grad():
+        head.weight.copy_(_seeded_centers(num_classes, embedding_dim, cfg.num_subcenters, seed))
+    return head.to(device)
+
+
+def _softmax(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int, device, pg):
+    """Plain softmax, ``W x + b`` on the un-normalised embeddings (the baseline)."""
+    from partialfc.losses.heads import SoftmaxHead
+
+    return SoftmaxHead(num_classes, embedding_dim).to(device)
+
+
+def _proxy_nca(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int, device, pg):
+    """ProxyNCA (Movshovitz-Attias et al., ICCV 2017), one proxy per class."""
+    from partialfc.losses.proxy_nca import ProxyNCALoss
+
+    return ProxyNCALoss(num_classes, embedding_dim, scale=cfg.proxy_scale).to(device)
+
+
+def _triplet(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int, device, pg):
+    """Triplet loss (FaceNet, Schroff et al., CVPR 2015) on P×K batches, no parameters."""
+    from partialfc.losses.triplet import TripletLoss
+
+    return TripletLoss(margin=cfg.triplet_margin, mining=cfg.triplet_mining)
+
+
+def _contrastive(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int, device, pg):
+    """Contrastive loss (Hadsell, Chopra & LeCun, CVPR 2006) over the batch's pairs."""
+    from partialfc.losses.contrastive import ContrastiveLoss
+
+    return ContrastiveLoss(margin=cfg.contrastive_margin)
+
+
+# ``head.kind`` -> builder; every builder takes (cfg, embedding_dim, num_classes, seed, device,
+# process_group) and returns a :class:`partialfc.losses.contract.Head`.
+HEAD_BUILDERS = {
+    "partial_fc": _partial_fc,
+    "margin_softmax": _margin_softmax,
+    "softmax": _softmax,
+    "proxy_nca": _proxy_nca,
+    "triplet": _triplet,
+    "contrastive": _contrastive,
+}
+
+
+def build_head(
+    cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int, device, process_group=None
+):
+    """The loss head of ``cfg.kind`` over ``num_classes`` and its angular margin (or None).
+
+    Only Partial FC shards its parameters over several ranks; a dense head with parameters
+    (``margin_softmax``, ``softmax``, ``proxy_nca``) trains in one process.
+    """
+    if cfg.kind not in HEAD_BUILDERS:
+        raise ValueError(f"head.kind={cfg.kind!r}: choose one of {', '.join(HEAD_BUILDERS)}")
+    head = HEAD_BUILDERS[cfg.kind](cfg, embedding_dim, num_classes, seed, device, process_group)
+    if cfg.kind != "partial_fc" and any(True for _ in head.parameters()):
+        from partialfc.classifier.collectives import world_info
+
+        _, world_size = world_info(process_group)
+        if world_size > 1:
+            raise ValueError(
+                f"head.kind={cfg.kind!r} keeps all its parameters in one process; train it on "
+                f"one rank (now {world_size}) or use head.kind=partial_fc"
+            )
+    return head, head.angular_margin()
 
 
 def _split_decay(backbone: nn.Module):
@@ -101,12 +175,17 @@ def build_backbone_optimizer(cfg: OptimConfig, backbone: nn.Module) -> torch.opt
 
 
 def build_head_optimizer(cfg: OptimConfig, head):
-    """Row-sparse optimizer of the Partial FC centers (only active rows and their state move)."""
-    from partialfc.classifier import RowSparseAdamW, RowSparseSGD
+    """The head's own optimizer (:meth:`partialfc.losses.contract.Head.make_optimizer`): the
+    row-sparse SGD / AdamW of Partial FC, a torch optimizer for a dense head. ``head_lr``
+    (default: ``lr``) is its learning rate."""
+    from partialfc.losses.contract import OptimizerSettings
 
-    lr = cfg.head_lr if cfg.head_lr is not None else cfg.lr
-    if cfg.name == "sgd":
-        return RowSparseSGD(head, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return RowSparseAdamW(
-        head, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+    settings = OptimizerSettings(
+        name=cfg.name,
+        lr=cfg.head_lr if cfg.head_lr is not None else cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
     )
+    return head.make_optimizer(settings)

@@ -3,9 +3,10 @@
 A checkpoint is a directory ``<run>/checkpoints/step-00001234/`` holding
 
 * ``backbone.safetensors``  backbone weights (what deployment needs), with
-  ``model.json``            ``{"name": ..., "kwargs": {...}}`` to rebuild the backbone;
-* ``head/``                 the Partial FC center shards and their optimizer state
-                            (written by :mod:`partialfc.classifier`, reshardable);
+  ``model.json``            ``{"name": ..., "kwargs": {...}}`` to rebuild the backbone
+                            (both written and read by :mod:`partialfc.backbone.io`);
+* ``head/``                 the head's state and its optimizer's (``Head.save_state``;
+                            Partial FC: reshardable center shards);
 * ``trainer.pt``            backbone optimizer, LR step, grad scaler, sampler position, progress
                             (tensors and plain containers only: read with ``weights_only=True``);
 * ``rng-rank<r>.pt``        each rank's RNG states (python, numpy, torch, cuda);
@@ -20,7 +21,6 @@ starts and which is never listed or loaded as a checkpoint.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import secrets
@@ -30,11 +30,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from partialfc.atomic import atomic_output, atomic_write_bytes
+from partialfc.atomic import atomic_output, atomic_write_bytes  # noqa: F401 - re-exported
+from partialfc.backbone.io import (  # noqa: F401 - the backbone's files; re-exported
+    CHECKPOINT_PATTERN,
+    list_checkpoints,
+    load_backbone_from_checkpoint,
+    load_backbone_state,
+    newest_checkpoint,
+    read_model_config,
+    save_backbone,
+)
 
-CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
 TRASH_PREFIX = ".trash-"
 # what a crash can leave in a checkpoint folder: trash, and unfinished ``.step-N.tmp`` staging
 _LEFTOVER_PATTERN = re.compile(r"^(\.trash-.*|\.step-\d{8}\.tmp)$")
@@ -59,15 +66,6 @@ def safe_torch_load(path: Path) -> Any:
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
-    """Complete checkpoints in ``checkpoint_dir``, oldest first."""
-    checkpoint_dir = Path(checkpoint_dir)
-    if not checkpoint_dir.is_dir():
-        return []
-    found = [p for p in checkpoint_dir.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
-    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
 
 
 def discard_directory(path: Path) -> None:
@@ -135,75 +133,12 @@ def restore_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-# ---------------------------------------------------------------------- backbone
-
-
-def save_backbone(backbone: nn.Module, model_config: dict, directory: Path) -> None:
-    """``backbone.safetensors`` + ``model.json`` in ``directory``."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
-    with atomic_output(directory / "backbone.safetensors") as tmp:
-        save_file(state, str(tmp))
-    atomic_write_bytes(directory / "model.json", json.dumps(model_config, indent=2).encode())
-
-
-def read_model_config(checkpoint: str | Path) -> dict:
-    path = Path(checkpoint) / "model.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{checkpoint}: not a partialfc checkpoint (no model.json)")
-    config = json.loads(path.read_text())
-    if not isinstance(config, dict) or "name" not in config or "kwargs" not in config:
-        raise ValueError(f"{path}: expected {{'name': ..., 'kwargs': {{...}}}}, got {config!r}")
-    return config
-
-
-def load_backbone_state(checkpoint: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    path = Path(checkpoint) / "backbone.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"{checkpoint}: no backbone.safetensors")
-    return load_file(str(path))
-
-
-def load_backbone_from_checkpoint(path: str | Path) -> tuple[nn.Module, dict]:
-    """Rebuild the backbone of a training checkpoint: ``(module in eval mode, model_config)``.
-
-    ``path`` is a checkpoint directory (``.../checkpoints/step-...``) or a run folder (its newest
-    checkpoint is used). ``model_config`` is ``{"name": ..., "kwargs": {...}}`` such that
-    ``partialfc.train.builders.build_backbone_from_model_config(model_config)`` rebuilds it.
-    """
-    from partialfc.train.builders import build_backbone_from_model_config
-
-    path = Path(path)
-    if not (path / "model.json").is_file():
-        found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
-        if not found:
-            raise FileNotFoundError(f"{path}: no checkpoint (model.json) found")
-        path = found[-1]
-    model_config = read_model_config(path)
-    backbone = build_backbone_from_model_config(model_config)
-    state = load_backbone_state(path)
-    missing, unexpected = backbone.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"{path}: backbone weights do not match {model_config['name']}: "
-            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
-    return backbone.eval(), model_config
-
-
 def resolve_checkpoint(spec: str, run_dir: Path) -> Path | None:
     """``"auto"`` → newest checkpoint of this run (or None); otherwise the given directory."""
     if spec == "auto":
         found = list_checkpoints(run_dir / "checkpoints")
         return found[-1] if found else None
-    path = Path(spec)
-    if not (path / "meta.json").is_file():
-        found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
-        if not found:
-            raise FileNotFoundError(f"checkpoint.resume={spec!r}: no checkpoint there")
-        path = found[-1]
+    path = newest_checkpoint(spec, marker="meta.json")
+    if path is None:
+        raise FileNotFoundError(f"checkpoint.resume={spec!r}: no checkpoint there")
     return path

@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def _print_headline(summary: dict, elapsed_s: float) -> None:
+    from partialfc.eval.protocols import published_results
+
     lines = [f"trained and evaluated in {elapsed_s / 60:.1f} min"]
     for name, entry in summary.items():
         parts = []
@@ -58,8 +60,10 @@ def _print_headline(summary: dict, elapsed_s: float) -> None:
         if "rank1" in entry:
             label = "20-way one-shot accuracy" if "one_shot" in name else "rank-1"
             parts.append(f"{label} {100 * entry['rank1']:.1f}%")
-            if "one_shot" in name:
-                parts.append("(Siamese 92.0%, humans 95.5%, BPL 96.7%)")
+            published = published_results(name)
+            if published:
+                quoted = ", ".join(f"{k} {100 * v:.1f}%" for k, v in published.items())
+                parts.append(f"({quoted})")
         lines.append(f"  {name}: " + ", ".join(parts))
     print("\n".join(lines))
 

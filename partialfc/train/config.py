@@ -83,8 +83,15 @@ class MarginConfig:
 
 @dataclass
 class HeadConfig:
-    """The Partial FC classifier over all training classes."""
+    """The loss head over all training classes; ``kind`` picks it (default Partial FC).
 
+    ``partial_fc`` (sharded, sampled margin-softmax), ``margin_softmax`` (dense, with
+    ``num_subcenters``), ``softmax`` (plain linear layer), ``proxy_nca``, ``triplet`` (needs
+    P×K batches) or ``contrastive``. ``sample_rate``, ``negative_cos_threshold`` and the
+    storage fields are Partial FC's; ``margin`` belongs to the two margin-softmax kinds.
+    """
+
+    kind: str = "partial_fc"
     num_classes: int = 0  # 0 = take it from the dataset
     sample_rate: float = 1.0
     num_subcenters: int = 1
@@ -92,6 +99,10 @@ class HeadConfig:
     storage_dtype: str = "float32"
     storage_device: str = "compute"  # "compute" or "cpu"
     margin: MarginConfig = field(default_factory=MarginConfig)
+    triplet_margin: float = 0.2  # kind=triplet: alpha in squared unit-sphere distance
+    triplet_mining: str = "semihard"  # kind=triplet: "semihard" | "batch_hard" | "all"
+    contrastive_margin: float = 1.0  # kind=contrastive: distance negatives must exceed
+    proxy_scale: float = 1.0  # kind=proxy_nca: multiplies the squared distances
 
 
 @dataclass
@@ -99,8 +110,9 @@ class LossConfig:
     """``L = classifier_weight · L_PartialFC + triplet_weight · L_triplet`` (weights ≥ 0).
 
     ``classifier_weight=0`` trains with the triplet loss alone (the head is neither run nor
-    stepped). The triplet loss (seed 001) works on L2-normalised embeddings with a margin in
-    squared-distance units and needs P×K batches (``data.pk_identities``, ``data.pk_images``).
+    stepped). The triplet loss (FaceNet, Schroff et al., CVPR 2015) works on L2-normalised
+    embeddings with a margin in squared-distance units and needs P×K batches
+    (``data.pk_identities``, ``data.pk_images``).
     """
 
     classifier_weight: float = 1.0
@@ -354,9 +366,18 @@ _CHOICES = {
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.device": ("auto", "cpu", "cuda"),
     "data.source": ("omniglot", "recordio", "folder", "npz"),
-    "head.storage_dtype": ("float32", "bfloat16", "float16"),
+    "head.storage_dtype": ("float32", "bfloat16"),  # what PartialFC stores (SUPPORTED_DTYPES)
     "head.storage_device": ("compute", "cpu"),
     "loss.triplet_mining": ("semihard", "batch_hard", "all"),
+    "head.kind": (
+        "partial_fc",
+        "margin_softmax",
+        "softmax",
+        "proxy_nca",
+        "triplet",
+        "contrastive",
+    ),
+    "head.triplet_mining": ("semihard", "batch_hard", "all"),
     "data.rotation_classes": (1, 2, 4),
 }
 
@@ -460,6 +481,7 @@ def validate(cfg: Config) -> Config:
     if cfg.data.source != "omniglot" and not cfg.data.path:
         raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
     _validate_loss_and_batches(cfg)
+    _validate_head_kind(cfg)
     return cfg
 
 
@@ -494,6 +516,39 @@ def _validate_model(model: ModelConfig) -> None:
         _check("model.kwargs.dropout", model.kwargs["dropout"], _FRACTION)
 
 
+def _validate_head_kind(cfg: Config) -> None:
+    """Partial FC's own fields keep their defaults with another head; the pair losses get
+    batches with positives."""
+    head = cfg.head
+    if head.kind == "partial_fc":
+        return
+    defaults = HeadConfig()
+    for key in ("sample_rate", "negative_cos_threshold", "storage_dtype", "storage_device"):
+        if getattr(head, key) != getattr(defaults, key):
+            raise ConfigError(
+                f"head.{key}={getattr(head, key)!r} is a Partial FC setting; "
+                f"head.kind={head.kind!r} does not use it"
+            )
+    if head.num_subcenters != 1 and head.kind != "margin_softmax":
+        raise ConfigError(
+            f"head.num_subcenters={head.num_subcenters} needs head.kind=partial_fc or "
+            f"margin_softmax, not {head.kind!r}"
+        )
+    if head.kind == "triplet" and not (cfg.data.pk_identities and cfg.data.pk_images):
+        raise ConfigError(
+            "head.kind='triplet' needs P×K batches (positives in every batch): set "
+            "data.pk_identities and data.pk_images (≥ 2 each)"
+        )
+    checks = [
+        ("triplet_margin", head.triplet_margin >= 0),
+        ("contrastive_margin", 0 < head.contrastive_margin <= 2),
+        ("proxy_scale", head.proxy_scale > 0),
+    ]
+    for key, ok in checks:
+        if not ok:
+            raise ConfigError(f"head.{key}={getattr(head, key)!r} is out of range")
+
+
 def _validate_loss_and_batches(cfg: Config) -> None:
     """The loss weights and the P×K batch shape must fit together."""
     loss, data = cfg.loss, cfg.data
@@ -523,7 +578,7 @@ def _validate_loss_and_batches(cfg: Config) -> None:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically)."""
-    from partialfc.train.checkpoint import atomic_write_bytes
+    from partialfc.atomic import atomic_write_bytes
 
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
     atomic_write_bytes(Path(path), text.encode())

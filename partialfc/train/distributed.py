@@ -14,6 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from partialfc.classifier import collectives
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -61,17 +63,15 @@ def setup_distributed(device_spec: str = "auto", timeout_s: float = 1800.0) -> D
 
 
 def barrier(ctx: DistContext) -> None:
-    if ctx.distributed:
-        dist.barrier()
+    """All ranks of the world meet (:func:`partialfc.classifier.collectives.barrier`)."""
+    collectives.barrier()
 
 
 def all_true(flag: bool, ctx: DistContext) -> bool:
-    """True when ``flag`` holds on every rank (one all-reduce)."""
-    if not ctx.distributed:
-        return bool(flag)
-    t = torch.tensor([0 if flag else 1], dtype=torch.int32, device=_comm_device(ctx))
-    dist.all_reduce(t)
-    return int(t.item()) == 0
+    """True when ``flag`` holds on every rank (one all-reduce,
+    :func:`partialfc.classifier.collectives.all_reduce_flag_all`)."""
+    device = _comm_device(ctx) if ctx.distributed else "cpu"
+    return collectives.all_reduce_flag_all(flag, device=device)
 
 
 def all_gather_objects(obj, ctx: DistContext) -> list:
@@ -84,23 +84,3 @@ def all_gather_objects(obj, ctx: DistContext) -> list:
 
 def _comm_device(ctx: DistContext) -> torch.device:
     return ctx.device if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-class _ScaleGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
-
-
-def scale_gradient(x: torch.Tensor, factor) -> torch.Tensor:
-    """Identity in the forward pass; multiplies the gradient by ``factor`` (float or 0-d tensor).
-
-    Used between the fp16 backbone and the fp32 head to apply the GradScaler's loss scale to the
-    backbone gradients only.
-    """
-    return _ScaleGradient.apply(x, factor)

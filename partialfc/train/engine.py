@@ -1,11 +1,12 @@
-"""The training loop: a data-parallel backbone feeding a model-parallel Partial FC head.
+"""The training loop: a data-parallel backbone feeding a loss head (by default a
+model-parallel Partial FC head).
 
 One step on every rank::
 
     x  = (uint8 batch / 255 − 0.5) / 0.5
     e  = backbone(x)                      # DDP replica; autocast bf16 (CPU) / fp16 (GPU)
     e  = scale_gradient(e.float(), loss_scale)
-    L  = w_cls · PartialFC(e, labels)     # fp32 margin math; mean over the global batch
+    L  = w_cls · head(e, labels)          # fp32; Partial FC: mean over the global batch
        + Σ term(StepContext(x, e, labels, head, step)).loss   # extra terms (triplet, distill)
     L.backward(); clip(backbone); step backbone and head optimizers
 
@@ -13,6 +14,10 @@ Extra loss terms (:mod:`partialfc.train.extra_losses`) come from the ``loss`` co
 (triplet) and from the ``extra_losses`` argument (e.g. distillation); their diagnostics are
 logged as window means under ``terms`` in the ``train`` records of ``metrics.jsonl``. With
 ``loss.classifier_weight = 0`` the head is neither run nor stepped.
+
+The head is any :class:`partialfc.losses.contract.Head` (``head.kind``): the trainer asks it
+for its optimizer, its checkpoint state, its diagnostics and its angular margin (for the
+margin schedule), and tells it when a step is skipped; nothing here is specific to one kind.
 
 Gradient scale across ranks: Partial FC returns each rank the full gradient of the global-mean
 loss for its own rows, so the backbone update must be the *sum* of the ranks' gradients while
@@ -39,6 +44,10 @@ import torch
 import torch.distributed
 from torch import nn
 
+from partialfc.autograd import scale_gradient
+from partialfc.backbone import io as backbone_io
+from partialfc.backbone.embedding import embed_array
+from partialfc.backbone.pixels import normalize_batch
 from partialfc.train import checkpoint as ckpt
 from partialfc.train.builders import (
     build_backbone,
@@ -49,12 +58,10 @@ from partialfc.train.builders import (
 )
 from partialfc.train.config import Config, config_to_dict, save_config
 from partialfc.train.data import EpochSeededDataset, build_augmentation, build_train_set
-from partialfc.train.diagnostics import training_diagnostics
 from partialfc.train.distributed import (
     DistContext,
     all_true,
     barrier,
-    scale_gradient,
     setup_distributed,
 )
 from partialfc.train.extra_losses import ExtraLoss, StepContext, TripletTerm
@@ -87,6 +94,13 @@ def resolve_precision(spec: str, device: torch.device) -> torch.dtype | None:
     if spec == "fp16" and device.type != "cuda":
         raise ValueError("train.precision='fp16' needs a GPU; use bf16 on CPU")
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]
+
+
+def steps_per_epoch(per_rank_samples: int, batch_size: int, drop_last: bool = True) -> int:
+    """Optimizer steps in one epoch of ``per_rank_samples`` samples on each rank."""
+    if drop_last:
+        return per_rank_samples // batch_size
+    return math.ceil(per_rank_samples / batch_size)
 
 
 def seed_everything(seed: int) -> None:
@@ -149,7 +163,7 @@ class Trainer:
         self.sampler = self._build_sampler()
         per_rank = getattr(self.sampler, "num_samples", None) or len(self.sampler)
         bs = cfg.data.batch_size
-        self.steps_per_epoch = per_rank // bs if cfg.data.drop_last else math.ceil(per_rank / bs)
+        self.steps_per_epoch = steps_per_epoch(per_rank, bs, cfg.data.drop_last)
         if self.steps_per_epoch < 1:
             raise ValueError(
                 f"data.batch_size={bs} is larger than this rank's share of the training set "
@@ -173,7 +187,9 @@ class Trainer:
         self.head, self.margin = build_head(
             cfg.head, cfg.model.embedding_dim, num_classes, cfg.train.seed, device
         )
-        self.margin_schedule = build_margin_schedule(cfg.head.margin, self.margin)
+        self.margin_schedule = (
+            build_margin_schedule(cfg.head.margin, self.margin) if self.margin is not None else None
+        )
         self.optimizer = build_backbone_optimizer(cfg.optim, self.backbone)
         self.head_optimizer = build_head_optimizer(cfg.optim, self.head)
         self.optimizers = [self.optimizer, self.head_optimizer]
@@ -293,15 +309,14 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
-        from partialfc.data.transforms import normalize_batch
-
         return normalize_batch(images.to(self.ctx.device, non_blocking=True))
 
     def train_step(self, images, labels, indices, diagnostics: bool = False) -> float | None:
         """One optimizer step; returns the loss, or None when it was non-finite (step skipped).
 
-        With ``diagnostics=True`` the seed-002 statistics of this step are left in
-        :attr:`last_diagnostics` (computed before the optimizers move the centers).
+        With ``diagnostics=True`` the head's statistics of this step (:meth:`Head.diagnostics`,
+        e.g. APCS / AMNCS / MICS) are left in :attr:`last_diagnostics` (computed before the
+        optimizers move the centers).
         """
         device = self.ctx.device
         self.lr_schedule.apply(self.optimizers, self.step)
@@ -326,8 +341,8 @@ class Trainer:
             return None
         loss.backward()
         if diagnostics and self.uses_head:
-            self.last_diagnostics = training_diagnostics(
-                embeddings.detach(), labels, self.head, seed=self.cfg.train.seed + self.step
+            self.last_diagnostics = self.head.diagnostics(
+                embeddings.detach(), labels, seed=self.cfg.train.seed + self.step
             )
         clip = self.cfg.optim.grad_clip_norm
         if self.scaler.is_enabled():
@@ -343,8 +358,8 @@ class Trainer:
             self.optimizer.step()
         if self.uses_head and grads_finite:
             self.head_optimizer.step()
-        elif self.uses_head:  # drop the recorded rows: the step does not happen for the centers
-            self.head.consume_active_rows()
+        elif self.uses_head:  # the step does not happen for the head
+            self.head.discard_step()
         self.optimizer.zero_grad(set_to_none=True)
         self.head_optimizer.zero_grad()
         self._last_grad_norm = float(grad_norm)
@@ -441,12 +456,12 @@ class Trainer:
                             lr=lr,
                             samples_per_s=window_steps * global_batch / max(elapsed, 1e-9),
                             grad_norm=getattr(self, "_last_grad_norm", float("nan")),
-                            margin=self._margin_state(),
+                            **({"margin": self._margin_state()} if self.margin is not None else {}),
                             **({"terms": _window_means(window_terms)} if window_terms else {}),
                         )
                         window_t, window_steps, window_loss = time.perf_counter(), 0, []
                         window_terms = {}
-                    if want_diag and loss is not None and self.uses_head:
+                    if want_diag and loss is not None and self.uses_head and self.last_diagnostics:
                         self.log.write("diagnostics", self.step, **self.last_diagnostics)
                     if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
                         self.evaluate(final=False)
@@ -476,41 +491,23 @@ class Trainer:
         return result
 
     def _margin_state(self) -> dict:
+        """The head's angular margin now (schedules change it); ``{}`` without one."""
         m = self.margin
+        if m is None:
+            return {}
         return {"m1": m.m1, "m2_rad": m.m2_rad, "m3": m.m3, "scale": m.scale}
 
     # ------------------------------------------------------------------ evaluation
 
     def embed_fn(self, batch_size: int | None = None):
-        """``uint8 images (N, [C,] H, W) → float32 (N, d)`` numpy, with the current backbone."""
+        """``uint8 images (N, [C,] H, W) → float32 (N, d)`` numpy, with the current backbone
+        (:func:`partialfc.backbone.embedding.embed_array`, the training precision)."""
         device = self.ctx.device
         backbone = self.backbone
         bs = batch_size or self.cfg.eval.batch_size
-        from partialfc.data.transforms import normalize_batch
 
-        @torch.no_grad()
         def embed(images: np.ndarray) -> np.ndarray:
-            was_training = backbone.training
-            backbone.eval()
-            try:
-                out = []
-                for start in range(0, len(images), bs):
-                    x = torch.from_numpy(np.ascontiguousarray(images[start : start + bs]))
-                    if x.ndim == 3:
-                        x = x.unsqueeze(1)
-                    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
-                        x = x.permute(0, 3, 1, 2)
-                    x = normalize_batch(x.to(device))
-                    with torch.autocast(
-                        device.type,
-                        dtype=self.autocast_dtype or torch.float32,
-                        enabled=self.autocast_dtype is not None,
-                    ):
-                        e = backbone(x)
-                    out.append(e.float().cpu())
-                return torch.cat(out).numpy()
-            finally:
-                backbone.train(was_training)
+            return embed_array(backbone, images, bs, device, self.autocast_dtype)
 
         return embed
 
@@ -539,8 +536,6 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step-N`` atomically (all ranks take part); keep the last K."""
-        from partialfc.classifier import save_partial_fc_checkpoint
-
         name = ckpt.checkpoint_name(self.step)
         final = self.checkpoint_dir / name
         tmp = self.checkpoint_dir / f".{name}.tmp"
@@ -551,10 +546,10 @@ class Trainer:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         barrier(self.ctx)
-        save_partial_fc_checkpoint(tmp / "head", self.head, self.head_optimizer)
+        self.head.save_state(tmp / "head", self.head_optimizer)
         ckpt.atomic_torch_save(ckpt.capture_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
         if self.ctx.is_main:
-            ckpt.save_backbone(self.backbone, self.model_config, tmp)
+            backbone_io.save_backbone(self.backbone, self.model_config, tmp)
             state = {
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
@@ -585,8 +580,6 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore everything to continue exactly where ``path`` was written (mid-epoch too)."""
-        from partialfc.classifier import load_partial_fc_checkpoint
-
         path = Path(path)
         meta = json.loads((path / "meta.json").read_text())
         if meta["num_classes"] != self.num_classes:
@@ -602,10 +595,10 @@ class Trainer:
                 f"mid-epoch needs the same global batch (now {global_batch} = "
                 f"{self.ctx.world_size} ranks × data.batch_size={self.cfg.data.batch_size})"
             )
-        self.backbone.load_state_dict(ckpt.load_backbone_state(path))
+        self.backbone.load_state_dict(backbone_io.load_backbone_state(path))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
-        load_partial_fc_checkpoint(path / "head", self.head, self.head_optimizer)
+        self.head.load_state(path / "head", self.head_optimizer)
         WarmupLR.remember_base_lr(self.optimizers)
         for key, value in state["margin"].items():
             setattr(self.margin, key, value)
@@ -620,10 +613,10 @@ class Trainer:
     def _init_backbone_from(self, spec: str) -> None:
         """Fine-tuning: the backbone weights of another run; a fresh head for this class set."""
         path = ckpt.resolve_checkpoint(spec, Path(spec))
-        model_config = ckpt.read_model_config(path)
+        model_config = backbone_io.read_model_config(path)
         if model_config["name"] != self.model_config["name"]:
             raise ValueError(
                 f"checkpoint.init_from={spec!r} holds a {model_config['name']}, "
                 f"this config builds a {self.model_config['name']}"
             )
-        self.backbone.load_state_dict(ckpt.load_backbone_state(path))
+        self.backbone.load_state_dict(backbone_io.load_backbone_state(path))

@@ -4,7 +4,7 @@ A term is any object with a ``name`` and ``__call__(ctx: StepContext) -> LossTer
 Trainer adds each term's (already weighted) loss to ``classifier_weight · L_head`` and logs
 its diagnostics under its name in ``metrics.jsonl``::
 
-    L = classifier_weight · PartialFC(e, y) + Σ_terms term(ctx).loss
+    L = classifier_weight · head(e, y) + Σ_terms term(ctx).loss
 
 Terms see the embeddings after the fp16 gradient scale, so mixed precision needs nothing from
 them; each returns a mean over this rank's batch, which DDP's gradient average turns into the
@@ -26,7 +26,7 @@ class StepContext:
     images: Tensor  # normalised batch (B, C, H, W), as the backbone saw it
     embeddings: Tensor  # float32 (B, d) backbone output, with gradient
     labels: Tensor  # (B,) long
-    head: object  # the Partial FC head (its centers; do not call its forward)
+    head: object  # the loss head (Head: class_centers(), angular_margin(); never its forward)
     step: int  # optimizer steps already taken
 
 
@@ -45,7 +45,8 @@ class ExtraLoss(Protocol):
 
 
 class TripletTerm:
-    """``weight · TripletLoss(e, y)`` (seed 001) with its active fraction as a diagnostic.
+    """``weight · TripletLoss(e, y)`` (FaceNet, Schroff et al., CVPR 2015) with its active fraction
+    as a diagnostic.
 
     Args:
         weight: multiplier of the triplet loss; default 1.0.

@@ -3,8 +3,8 @@
 Steps count from 0. With ``W`` warm-up steps and ``T`` total steps, the factor on the base rate is
 
 * warm-up (``t < W``):        ``(t + 1) / W``  — the first step already trains (never lr = 0);
-* poly (seed 002 §4.1):       ``(1 − (t − W) / (T − W)) ** power``, power 2;
-* step (seed 003 Table):      ``gamma ** (number of milestones ≤ t)``, e.g. ÷10 at epochs 8, 14;
+* poly (Partial FC §4.1):     ``(1 − (t − W) / (T − W)) ** power``, power 2;
+* step (ArcFace, MS1MV3):     ``gamma ** (number of milestones ≤ t)``, e.g. ÷10 at epochs 8, 14;
 * constant:                   ``1``.
 
 The schedule is a pure function of the step; ``apply`` writes ``base_lr · factor`` into every

@@ -35,7 +35,8 @@ def test_flipped_labels_are_uniform_over_the_other_classes():
 
 
 def test_split_identities_reproduces_the_webface_conflict_recipe():
-    # seed 002 table 3: a third of the identities, each split into 3 pseudo classes
+    # Partial FC (An et al., CVPR 2022) table 3: a third of the identities, each split into 3
+    # pseudo classes
     c = split_identities(LABELS, fraction=1 / 3, parts=3, seed=0)
     assert c.counts["identities_split"] == 10 and c.num_classes == 30 + 20
     assert c.counts["samples_in_split_identities"] == 120 == c.noisy_mask.sum()

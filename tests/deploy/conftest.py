@@ -44,7 +44,7 @@ def small_model(omniglot_images):
 @pytest.fixture(scope="session")
 def checkpoint(small_model, tmp_path_factory):
     """A training-checkpoint directory (backbone.safetensors + model.json) of small_model."""
-    from partialfc.train.checkpoint import save_backbone
+    from partialfc.backbone.io import save_backbone
 
     path = tmp_path_factory.mktemp("ckpt")
     save_backbone(small_model[0], MODEL_CONFIG, path)

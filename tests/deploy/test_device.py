@@ -8,7 +8,7 @@ import torch
 
 from partialfc.cli import main
 from partialfc.deploy import Embedder
-from partialfc.deploy.devices import ort_providers, parse_device
+from partialfc.backbone.devices import ort_providers, parse_device
 
 NO_CUDA = "no CUDA device on this machine"
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from partialfc.backbone.io import METADATA_KEY
 from partialfc.deploy import Embedder, PreprocessingSpec
-from partialfc.deploy.export import METADATA_KEY, read_onnx_spec
+from partialfc.deploy.export import read_onnx_spec
 
 from .conftest import MODEL_CONFIG
 
@@ -67,7 +68,7 @@ def test_flip_test_sums_raw_embeddings_before_normalising(small_model, omniglot_
 
 
 def test_training_checkpoint_loads_directly(small_model, omniglot_images, tmp_path):
-    from partialfc.train.checkpoint import save_backbone
+    from partialfc.backbone.io import save_backbone
 
     model, _ = small_model
     save_backbone(model, MODEL_CONFIG, tmp_path)

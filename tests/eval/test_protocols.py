@@ -229,9 +229,9 @@ def test_eval_command_with_a_stand_in_embedder(monkeypatch, tmp_path, shared_dat
             assert images.shape[1:3] == (20, 20)  # resized to the model's input size
             return pixel_embed(images)
 
-    module = types.ModuleType("partialfc.deploy.embedder")
+    module = types.ModuleType("partialfc.backbone.embedder")
     module.Embedder = FakeEmbedder
-    monkeypatch.setitem(sys.modules, "partialfc.deploy.embedder", module)
+    monkeypatch.setitem(sys.modules, "partialfc.backbone.embedder", module)
     out = tmp_path / "report"
     assert (
         main(["eval", "model.onnx", "--orl", str(shared_data / "orl_faces"), "--out", str(out)])

@@ -105,7 +105,7 @@ def test_other_drivers_and_the_softmax_row_run_end_to_end_tiny(tmp_path):
     assert rate["overrides"] == {"head.sample_rate": 0.1}
     assert rate["training_set"]["noisy_samples"] == 0
     assert conflict["training_set"]["classes"] > 20  # split identities add pseudo classes
-    assert softmax["method"] == "linear_softmax"
+    assert softmax["overrides"] == {"head.kind": "softmax"}
     for r in records:
         assert 0.0 <= r["metrics"]["auc"] <= 1.0
         assert r["steps"] == round(0.5 * (400 // 16))
@@ -113,17 +113,17 @@ def test_other_drivers_and_the_softmax_row_run_end_to_end_tiny(tmp_path):
 
 
 def test_softmax_row_trains_the_librarys_softmax_head(tmp_path):
-    """The swapped head's loss is ``cross_entropy(W e + b, y)`` and its SGD step moves W, b."""
-    from partialfc.data.transforms import normalize_batch
+    """The row's head is ``cross_entropy(W e + b, y)`` and its SGD step moves W, b."""
+    from partialfc.backbone.pixels import normalize_batch
     from partialfc.losses.heads import SoftmaxHead
     from partialfc.train.engine import Trainer
 
-    (run,) = [r for r in margins.per_seed(0) if r["method"] == "linear_softmax"]
+    (run,) = [r for r in margins.per_seed(0) if r["name"].startswith("Softmax")]
     cfg = common.build_config(run, tiny=True, run_dir=tmp_path / "s", device="cpu")
     training_set = common.build_training_set(None, 0, tiny=True)
     trainer = Trainer(cfg, run_dir=tmp_path / "s", train_set=training_set.dataset())
-    common.use_softmax_head(trainer)
     assert isinstance(trainer.head, SoftmaxHead) and trainer.head.num_classes == 20
+    assert isinstance(trainer.head_optimizer, torch.optim.SGD)
     assert trainer.optimizers == [trainer.optimizer, trainer.head_optimizer]
 
     indices = list(trainer.sampler)[:16]
@@ -172,7 +172,7 @@ def test_summary_pools_seeds_across_devices_but_not_training_times():
 def test_triplet_row_is_the_engines_semihard_triplet_on_pk_batches(tmp_path):
     """No classifier: the step's loss is the library's semi-hard triplet loss of the batch's
     embeddings, the Partial FC centers do not move, and batches hold P classes x K images."""
-    from partialfc.data.transforms import normalize_batch
+    from partialfc.backbone.pixels import normalize_batch
     from partialfc.losses.triplet import TripletLoss
     from partialfc.train.engine import Trainer
 

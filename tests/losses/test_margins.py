@@ -1,4 +1,4 @@
-"""Margin math: seed 001's hand-worked sample, ArcFace's published constants, monotonicity,
+"""Margin math: a hand-worked sample, ArcFace's published constants, monotonicity,
 finite values/gradients at |cos| = 1, gradcheck in float64, and input validation."""
 
 from __future__ import annotations

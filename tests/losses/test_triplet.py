@@ -1,4 +1,4 @@
-"""Triplet loss: seed 001's worked triplet, brute-force references for every mining mode,
+"""Triplet loss: a hand-worked triplet, brute-force references for every mining mode,
 the semi-hard band, chunking, float64 gradcheck and bad input."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import partialfc.losses.triplet as triplet_module
 from partialfc.losses.margins import angle_from_cos
 from partialfc.losses.triplet import TripletLoss, squared_distances
 
-A, P, N2 = (0.6, 0.8), (0.8, 0.6), (0.28, 0.96)  # seed 001 ch. 1; n2 sits 20.61 deg from a
+A, P, N2 = (0.6, 0.8), (0.8, 0.6), (0.28, 0.96)  # worked by hand; n2 sits 20.61 deg from a
 
 
 def test_seed_worked_triplet_distances_and_angle():

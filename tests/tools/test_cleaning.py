@@ -146,11 +146,11 @@ def test_centers_of_a_two_rank_head_are_gathered_in_class_order(tmp_path):
 
 
 def test_clean_command_writes_report_and_cleaned_set(tmp_path):
+    from partialfc.backbone.io import save_backbone
     from partialfc.classifier import PartialFC, save_partial_fc_checkpoint
     from partialfc.cli import main
     from partialfc.losses import ArcFaceMargin
     from partialfc.models import build_model
-    from partialfc.train.checkpoint import save_backbone
 
     rng = np.random.default_rng(0)
     classes, per_class = 6, 8

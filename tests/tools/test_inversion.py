@@ -122,8 +122,8 @@ def test_invert_command_writes_images_and_cosines(tmp_path, capsys):
 
     import cv2
 
+    from partialfc.backbone.io import save_backbone
     from partialfc.cli import main
-    from partialfc.train.checkpoint import save_backbone
 
     config = {
         "name": "iresnet_small",

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from partialfc.models import register_model
 from partialfc.train.config import load_config
 
 TINY_MODEL_CONFIG = {"name": "test_mlp", "kwargs": {"in_features": 784, "embedding_dim": 16}}
@@ -42,6 +43,12 @@ class TinyCNN(nn.Module):
 
 
 TINY_CNN_CONFIG = {"name": "test_cnn", "kwargs": {"embedding_dim": 32}}
+
+
+@register_model("test_cnn")
+def build_tiny_cnn(embedding_dim=32, input_size=28, in_channels=1, dropout=0.0) -> nn.Module:
+    """TinyCNN under the model registry: its checkpoints reload with ``build_model``."""
+    return TinyCNN(embedding_dim)
 
 
 def tiny_cnn(seed: int = 0) -> nn.Module:

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 
+from partialfc.backbone.io import load_backbone_from_checkpoint
 from partialfc.eval.protocols import OmniglotOneShot, OmniglotOpenSet
-from partialfc.train.checkpoint import load_backbone_from_checkpoint
 from partialfc.train.engine import Trainer
 from partialfc.train.evaluation import Evaluator
 from tests.train.helpers import TINY_CNN_CONFIG, omniglot_subset, tiny_cnn, tiny_config
 
 
-def test_training_improves_open_set_tar_on_unseen_classes(tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        "partialfc.train.builders.build_backbone_from_model_config",
-        lambda model_config: tiny_cnn(1),
-    )
+def test_training_improves_open_set_tar_on_unseen_classes(tmp_path):
     cfg = tiny_config(
         tmp_path,
         "data.batch_size=64",

@@ -20,7 +20,17 @@ from .omniglot import OmniglotOneShot, OmniglotOpenSet
 from .orl import Orl
 from .pairs import LfwPairs, VerificationBin
 
+
+def published_results(report_name: str) -> dict[str, float]:
+    """Published results ``{method: value}`` to quote next to a report of this name ({} if
+    none): the protocol classes carry them as ``PUBLISHED``."""
+    if report_name.startswith("omniglot_one_shot"):
+        return dict(OmniglotOneShot.PUBLISHED)
+    return {}
+
+
 __all__ = [
+    "published_results",
     "Ijb",
     "LfwPairs",
     "OmniglotOneShot",

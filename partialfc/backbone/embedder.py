@@ -19,23 +19,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from partialfc.deploy.export import METADATA_KEY, WEIGHTS_FILENAME
-from partialfc.deploy.spec import SPEC_FILENAME, PreprocessingSpec
-from partialfc.eval.embedding import embed_images, flip_horizontal
+from partialfc.backbone.embedding import l2_normalize, run_backbone
+from partialfc.backbone.io import METADATA_KEY, WEIGHTS_FILENAME, load_weights
+from partialfc.backbone.spec import SPEC_FILENAME, PreprocessingSpec
 
 
 class TorchBackend:
     """Runs an ``nn.Module`` in eval mode, fp32, without gradients."""
 
     def __init__(self, model: nn.Module, device: str | torch.device | None = None):
-        from partialfc.deploy.devices import parse_device
+        from partialfc.backbone.devices import parse_device
 
         self.device = parse_device(device)
         self.model = model.eval().to(self.device)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
+        (out,) = run_backbone(self.model, [torch.from_numpy(x)], self.device, preprocess=None)
+        return out.numpy()
 
 
 class OnnxBackend:
@@ -44,7 +44,7 @@ class OnnxBackend:
     def __init__(self, path: str | os.PathLike, device: str | None = None):
         import onnxruntime as ort
 
-        from partialfc.deploy.devices import ort_providers
+        from partialfc.backbone.devices import ort_providers
 
         self.path = Path(path)
         providers = ort_providers(device)
@@ -84,7 +84,7 @@ class Embedder:
         * an ``.onnx`` file (spec from its metadata or a ``preprocessing.json`` beside it);
         * a training checkpoint directory or run folder (``model.json`` + weights).
 
-        ``device``: ``cpu`` (default), ``cuda`` or ``cuda:N`` (see ``partialfc.deploy.devices``).
+        ``device``: ``cpu`` (default), ``cuda`` or ``cuda:N`` (see ``partialfc.backbone.devices``).
         """
         if backend not in ("auto", "torch", "onnx"):
             raise ValueError(f"backend must be 'auto', 'torch' or 'onnx', got {backend!r}")
@@ -99,10 +99,11 @@ class Embedder:
             spec = PreprocessingSpec.load(path / SPEC_FILENAME)
             if backend == "onnx":
                 return cls._load_onnx(path / "backbone.onnx", spec, device)
-            return cls.from_module(_load_weights(path / WEIGHTS_FILENAME, spec), spec, device)
+            model = load_weights(path / WEIGHTS_FILENAME, spec.model_name, spec.model_kwargs)
+            return cls.from_module(model, spec, device)
         if backend == "onnx":
             raise ValueError(f"{path}: backend 'onnx' needs an exported directory or .onnx file")
-        from partialfc.train.checkpoint import load_backbone_from_checkpoint
+        from partialfc.backbone.io import load_backbone_from_checkpoint
 
         model, model_config = load_backbone_from_checkpoint(path)
         return cls.from_module(model, PreprocessingSpec.from_model_config(model_config), device)
@@ -126,7 +127,10 @@ class Embedder:
 
     def embed(self, images: np.ndarray, flip: bool = False, batch_size: int = 256) -> np.ndarray:
         """L2-normalised ``(N, d)`` float32 embeddings (see module docstring)."""
-        return embed_images(self._raw, images, flip=flip, batch_size=batch_size)
+        images = np.asarray(images)
+        if images.dtype != np.uint8:
+            raise ValueError(f"images must be uint8, got {images.dtype}")
+        return l2_normalize(self.embed_raw(images, flip=flip, batch_size=batch_size))
 
     def embed_raw(self, images: np.ndarray, flip: bool = False, batch_size: int = 256):
         """Unnormalised ``(N, d)`` float32 embeddings (``f(x) [+ f(mirror(x))]``).
@@ -140,28 +144,7 @@ class Embedder:
         for start in range(0, len(images), batch_size):
             batch = images[start : start + batch_size]
             e = self._raw(batch)
-            if flip:
-                e = e + self._raw(np.ascontiguousarray(flip_horizontal(batch)))
+            if flip:  # the flip test: mirror left-right
+                e = e + self._raw(np.ascontiguousarray(batch[:, :, ::-1]))
             out.append(e)
         return np.concatenate(out)
-
-
-def _load_weights(path: Path, spec: PreprocessingSpec) -> nn.Module:
-    """Rebuild ``spec.model_name`` and load its safetensors state dict (no pickle)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from partialfc.models import build_model
-
-    try:
-        state = load_file(str(path))
-    except (OSError, SafetensorError) as err:
-        raise ValueError(f"{path}: cannot read weights: {err}") from None
-    model = build_model(spec.model_name, **spec.model_kwargs)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"{path}: weights do not match {spec.model_name}: "
-            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
-    return model.eval()

@@ -1,4 +1,5 @@
-"""Training diagnostics of seed 002 §3.3, computed in ``no_grad`` from one step of Partial FC.
+"""Training diagnostics of Partial FC (An et al., CVPR 2022, §3.3), computed in ``no_grad``
+from one step of a sharded head (:meth:`PartialFC.diagnostics`).
 
 With ``x̂_i`` the normalised embeddings of the global batch, ``ŵ_j`` the normalised centers:
 
@@ -26,7 +27,7 @@ from partialfc.classifier.storage import chunk_rows
 
 
 @torch.no_grad()
-def training_diagnostics(
+def partial_fc_diagnostics(
     embeddings: torch.Tensor, labels: torch.Tensor, head, seed: int = 0, mics_classes: int = 512
 ) -> dict:
     """``{"apcs", "amncs", "mics"}`` for the step whose forward ``head`` just recorded."""

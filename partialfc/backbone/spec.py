@@ -9,7 +9,7 @@ and to rebuild the network::
      "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
 
 Network input: ``x = (uint8 / 255 - mean) / std`` per channel, layout ``(N, C, H, W)``, the
-same normalisation as training (docs/architecture.md).
+same normalisation as training (:func:`partialfc.backbone.pixels.normalize_pixels`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from partialfc.atomic import atomic_write_bytes
+from partialfc.backbone.pixels import normalize_pixels
 
 SPEC_FORMAT = "partialfc.preprocessing"
 SPEC_VERSION = 1
@@ -147,5 +149,5 @@ class PreprocessingSpec:
             x = np.repeat(x, 3, axis=-1)
         elif self.in_channels == 1 and x.shape[-1] == 3:
             x = (x @ LUMA_WEIGHTS)[..., None]
-        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        x = normalize_pixels(torch.from_numpy(np.ascontiguousarray(x)), self.mean, self.std)
+        return np.ascontiguousarray(x.numpy().transpose(0, 3, 1, 2))

@@ -1,0 +1,140 @@
+"""The stored forms of a backbone: one weight format for checkpoints and exports.
+
+A training checkpoint directory holds ``backbone.safetensors`` (the state dict) and
+``model.json`` (``{"name": ..., "kwargs": {...}}``, the :func:`partialfc.models.build_model`
+call that rebuilds it); an exported directory holds the same ``backbone.safetensors`` with a
+``preprocessing.json`` (:class:`partialfc.backbone.spec.PreprocessingSpec`) instead. Weights are
+safetensors everywhere, so loading never unpickles. Training checkpoints of a run are
+``<run>/checkpoints/step-%08d`` directories; :func:`newest_checkpoint` finds the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from partialfc.atomic import atomic_output, atomic_write_bytes
+
+WEIGHTS_FILENAME = "backbone.safetensors"
+MODEL_CONFIG_FILENAME = "model.json"
+ONNX_FILENAME = "backbone.onnx"
+METADATA_KEY = "partialfc.preprocessing"  # the spec JSON in ONNX / safetensors metadata
+CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
+
+__all__ = [
+    "CHECKPOINT_PATTERN",
+    "METADATA_KEY",
+    "MODEL_CONFIG_FILENAME",
+    "ONNX_FILENAME",
+    "WEIGHTS_FILENAME",
+    "build_backbone_from_model_config",
+    "list_checkpoints",
+    "load_backbone_from_checkpoint",
+    "load_backbone_state",
+    "load_weights",
+    "newest_checkpoint",
+    "read_model_config",
+    "save_backbone",
+]
+
+
+def build_backbone_from_model_config(model_config: dict) -> nn.Module:
+    """Rebuild a backbone from ``{"name": ..., "kwargs": {...}}`` (as stored in checkpoints)."""
+    from partialfc.models import build_model
+
+    return build_model(model_config["name"], **model_config["kwargs"])
+
+
+def save_backbone(backbone: nn.Module, model_config: dict, directory: Path) -> None:
+    """``backbone.safetensors`` + ``model.json`` in ``directory`` (each atomically)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
+    with atomic_output(directory / WEIGHTS_FILENAME) as tmp:
+        save_file(state, str(tmp))
+    atomic_write_bytes(
+        directory / MODEL_CONFIG_FILENAME, json.dumps(model_config, indent=2).encode()
+    )
+
+
+def read_model_config(checkpoint: str | Path) -> dict:
+    path = Path(checkpoint) / MODEL_CONFIG_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{checkpoint}: not a partialfc checkpoint (no model.json)")
+    config = json.loads(path.read_text())
+    if not isinstance(config, dict) or "name" not in config or "kwargs" not in config:
+        raise ValueError(f"{path}: expected {{'name': ..., 'kwargs': {{...}}}}, got {config!r}")
+    return config
+
+
+def load_backbone_state(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = Path(checkpoint) / WEIGHTS_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{checkpoint}: no backbone.safetensors")
+    return load_file(str(path))
+
+
+def load_weights(path: str | Path, model_name: str, model_kwargs: dict) -> nn.Module:
+    """``build_model(model_name, **model_kwargs)`` with the safetensors state dict at ``path``
+    (strict; in eval mode)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from partialfc.models import build_model
+
+    try:
+        state = load_file(str(path))
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{path}: cannot read weights: {err}") from None
+    model = build_model(model_name, **model_kwargs)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: weights do not match {model_name}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return model.eval()
+
+
+def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """Complete checkpoints (``step-%08d`` directories) in ``checkpoint_dir``, oldest first."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return []
+    found = [p for p in checkpoint_dir.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+
+
+def newest_checkpoint(path: str | Path, marker: str = MODEL_CONFIG_FILENAME) -> Path | None:
+    """``path`` itself when it holds ``marker``; else the newest checkpoint of the run folder
+    ``path`` (``path/checkpoints/step-*``) or of the checkpoints folder ``path``; else None."""
+    path = Path(path)
+    if (path / marker).is_file():
+        return path
+    found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
+    return found[-1] if found else None
+
+
+def load_backbone_from_checkpoint(path: str | Path) -> tuple[nn.Module, dict]:
+    """Rebuild the backbone of a training checkpoint: ``(module in eval mode, model_config)``.
+
+    ``path`` is a checkpoint directory (``.../checkpoints/step-...``) or a run folder (its newest
+    checkpoint is used). ``model_config`` is ``{"name": ..., "kwargs": {...}}`` such that
+    :func:`build_backbone_from_model_config` rebuilds it.
+    """
+    found = newest_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(f"{path}: no checkpoint (model.json) found")
+    model_config = read_model_config(found)
+    return load_weights(found / WEIGHTS_FILENAME, **_as_weights_args(model_config)), model_config
+
+
+def _as_weights_args(model_config: dict) -> dict:
+    return {"model_name": model_config["name"], "model_kwargs": model_config["kwargs"]}

@@ -1,0 +1,135 @@
+"""The package layering of docs/architecture.md, checked on the source.
+
+Every ``import partialfc.X`` / ``from partialfc.X import ...`` — at module level or inside a
+function — must point to the importing package itself or to a package of a lower layer, and the
+modules must not import each other in a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import partialfc
+
+ROOT = Path(partialfc.__file__).resolve().parent
+
+# lowest first; a package may import the packages of the layers below its own
+LAYERS = [
+    {"atomic", "autograd", "ranges"},
+    {"models", "data", "losses"},
+    {"classifier", "backbone", "detect"},
+    {"eval"},
+    {"train", "deploy"},
+    {"tools"},
+    {"cli"},
+]
+LAYER = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _nodes(tree: ast.AST, typing_only: bool):
+    """Every node, without the bodies of ``if TYPE_CHECKING:`` unless ``typing_only``."""
+    for node in ast.iter_child_nodes(tree):
+        guard = isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        if guard and not typing_only:
+            yield from (n for child in node.orelse for n in [child, *_nodes(child, False)])
+            continue
+        yield node
+        yield from _nodes(node, typing_only)
+
+
+def _imports(path: Path, typing_only: bool = True) -> list[tuple[int, str]]:
+    """``(line, module)`` of every partialfc import in ``path`` (relative ones resolved);
+    ``typing_only=False`` leaves out those made for type checkers only."""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    out = []
+    for node in _nodes(ast.parse(path.read_text(), str(path)), typing_only):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            name = ".".join(base + ([node.module] if node.module else []))
+            names = [name] + [f"{name}.{alias.name}" for alias in node.names]
+            out += [(node.lineno, n) for n in names if n.startswith("partialfc")]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("partialfc")]
+    return out
+
+
+def _sources():
+    return sorted(ROOT.rglob("*.py"))
+
+
+def test_every_package_has_a_layer():
+    packages = {_module_name(p).split(".")[1] for p in _sources() if _module_name(p) != "partialfc"}
+    assert packages == set(LAYER)
+
+
+def test_no_package_imports_a_higher_or_equal_layer():
+    wrong = []
+    for path in _sources():
+        name = _module_name(path)
+        if name == "partialfc":
+            continue
+        source = name.split(".")[1]
+        for line, module in _imports(path):
+            parts = module.split(".")
+            if len(parts) < 2 or parts[1] == source or parts[1] not in LAYER:
+                continue
+            if LAYER[parts[1]] >= LAYER[source]:
+                wrong.append(f"{path.relative_to(ROOT.parent)}:{line} imports {module}")
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_modules_do_not_import_each_other_in_a_circle():
+    modules = {_module_name(p): p for p in _sources()}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, module in _imports(path, typing_only=False):
+            while module and module not in modules:  # "pkg.mod.Name" -> "pkg.mod"
+                module = module.rpartition(".")[0]
+            if module and module != name and not name.startswith(module + "."):
+                targets.add(module)
+        graph[name] = {t for t in targets if t != "partialfc" and not t.endswith("__init__")}
+
+    # a package's __init__ re-exports its modules; only module -> module arrows form circles
+    packages = {n for n, p in modules.items() if p.name == "__init__.py"}
+    graph = {n: {t for t in ts if t not in packages} for n, ts in graph.items()}
+    state, stack, cycles = {}, [], []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def test_the_check_sees_a_wrong_arrow(tmp_path, monkeypatch):
+    bad = tmp_path / "partialfc" / "data" / "bad.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("def f():\n    from partialfc.train.engine import Trainer\n")
+    (tmp_path / "partialfc" / "__init__.py").write_text("")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path / "partialfc")
+    assert _imports(bad) == [(2, "partialfc.train.engine"), (2, "partialfc.train.engine.Trainer")]
+    try:
+        test_no_package_imports_a_higher_or_equal_layer()
+    except AssertionError as err:
+        assert "partialfc/data/bad.py:2 imports partialfc.train.engine" in str(err)
+    else:
+        raise AssertionError("the layering test did not flag data -> train")

@@ -318,13 +318,15 @@ def test_fused_losses_reuse_their_buffer_by_default(fused):
     torch.testing.assert_close(x.grad, 2 * first, rtol=0, atol=0)
 
 
-def test_bfloat16_cosines_give_the_float32_loss_and_gradient_exactly():
+@pytest.mark.parametrize(("scale", "num_cols"), [(30.0, 50), (3.0, 4)])
+def test_bfloat16_cosines_give_the_float32_loss_and_gradient_exactly(scale, num_cols):
     """Narrow cosines are widened before scaling (s = 30 is not a power of two, so scaling in
-    bfloat16 would round) and the margin slope is taken in float32."""
-    margin = ArcFaceMargin(0.5, 30.0)
-    cos16 = (torch.rand(64, 50) * 1.8 - 0.9).to(torch.bfloat16).requires_grad_(True)
+    bfloat16 would round) and the margin slope is taken in float32 (a bfloat16 slope shows in
+    the target gradient once p_target is far from 0, hence the small scale and few columns)."""
+    margin = ArcFaceMargin(0.5, scale)
+    cos16 = (torch.rand(256, num_cols) * 1.8 - 0.9).to(torch.bfloat16).requires_grad_(True)
     cos32 = cos16.detach().float().requires_grad_(True)
-    labels = torch.arange(64) % 50
+    labels = torch.arange(256) % num_cols
     loss16 = margin_cross_entropy(cos16, labels, margin)
     loss32 = margin_cross_entropy(cos32, labels, margin)
     assert loss16.dtype == torch.float32

@@ -292,19 +292,20 @@ def test_required_travel_cosface_7_5_deg_arcface_13_65_deg():
 
 
 @pytest.mark.parametrize(
-    ("margin", "target_fn"),
+    ("margin_cls", "target_fn"),
     [
-        (CombinedMargin(), lambda c: c),
-        (NormFaceMargin(), lambda c: c),
-        (ArcFaceMargin(), lambda c: np.cos(np.arccos(c) + 0.5)),
-        (CosFaceMargin(), lambda c: c - 0.35),
-        (SphereFaceMargin(), lambda c: np.cos(1.35 * np.arccos(c))),
+        (CombinedMargin, lambda c: c),
+        (NormFaceMargin, lambda c: c),
+        (ArcFaceMargin, lambda c: np.cos(np.arccos(c) + 0.5)),
+        (CosFaceMargin, lambda c: c - 0.35),
+        (SphereFaceMargin, lambda c: np.cos(1.35 * np.arccos(c))),
     ],
     ids=["combined", "normface", "arcface", "cosface", "sphereface"],
 )
-def test_documented_defaults_give_the_documented_logits(margin, target_fn):
+def test_documented_defaults_give_the_documented_logits(margin_cls, target_fn):
     """Defaults: s = 64; ArcFace m = 0.5 rad, CosFace m = 0.35, SphereFace m1 = 1.35, and a
     bare CombinedMargin() is NormFace. Angles stay below every theta* so no tail is involved."""
+    margin = margin_cls()  # built in the test, not at collection time
     cos = torch.tensor([[0.8, -0.3, 0.1], [0.2, 0.5, -0.6]], dtype=torch.float64)
     target = torch.tensor([0, 1])
     got = margin(cos, target).numpy()

@@ -10,6 +10,7 @@ on ``(seed, step, rank)``.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -20,9 +21,14 @@ _MIX = 0x9E3779B97F4A7C15  # 64-bit golden-ratio constant for seed mixing
 
 
 def sampling_budget(num_local_classes: int, sample_rate: float) -> int:
-    """``ceil(r * C_local)``: number of active classes per step when positives fit in it."""
-    # round first so that e.g. 0.1 * 1000 = 100.00000000000001 does not become 101
-    return min(num_local_classes, math.ceil(round(sample_rate * num_local_classes, 9)))
+    """``ceil(r * C_local)``: number of active classes per step when positives fit in it.
+
+    ``r`` is taken as the decimal it is written as (its shortest repr, so 0.1 is 1/10) and the
+    product is exact: float products such as 0.1 * 1000 = 100.00000000000001 or
+    0.56 * 10^7 = 5600000.000000001 do not add a class.
+    """
+    exact = Fraction(repr(float(sample_rate))) * num_local_classes
+    return min(num_local_classes, math.ceil(exact))
 
 
 def sampling_generator(seed: int, step: int, rank: int, device="cpu") -> torch.Generator:

@@ -39,7 +39,9 @@ class RocCurve(Result):
 
     @property
     def frr(self) -> np.ndarray:
-        return 1.0 - self.tar
+        # from the rejected count, not 1 - TAR: the subtraction rounds, so FAR = FRR points
+        # (e.g. 2/3 vs 1 - 1/3) would compare unequal
+        return (self.n_genuine - self.true_accepts) / self.n_genuine
 
     @property
     def auc(self) -> float:

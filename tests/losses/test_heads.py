@@ -322,3 +322,103 @@ def test_margin_head_rejects_bad_construction():
         MarginSoftmaxHead(4, 3, margin=0.5)
     with pytest.raises(ValueError, match="inter_weight"):
         MarginSoftmaxHead(4, 3, ArcFaceMargin(), num_subcenters=3, inter_weight=1.0)
+
+
+# ---------------------------------------------------------------- fused loss: defaults, dtypes
+
+
+@pytest.mark.parametrize("fused", ["cos", "normalized"])
+def test_fused_losses_reuse_their_buffer_by_default(fused):
+    """Default (and explicit True): one backward only; reuse_buffer=False allows a second one
+    with the same gradient."""
+    margin = CosFaceMargin(0.35, 16.0)
+    labels = torch.tensor([0, 2, 1])
+
+    def loss_fn(**kwargs):
+        x = torch.randn(3, 4, requires_grad=True)
+        if fused == "cos":
+            cos = torch.tanh(x)
+            return x, margin_cross_entropy(cos, labels, margin, **kwargs)
+        return x, normalized_margin_cross_entropy(x, torch.randn(5, 4), labels, margin, **kwargs)
+
+    for kwargs in ({}, {"reuse_buffer": True}):
+        _, loss = loss_fn(**kwargs)
+        loss.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="reuse_buffer=False"):
+            loss.backward()
+    x, loss = loss_fn(reuse_buffer=False)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(x.grad, 2 * first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("scale", "num_cols"), [(30.0, 50), (3.0, 4)])
+def test_bfloat16_cosines_give_the_float32_loss_and_gradient_exactly(scale, num_cols):
+    """Narrow cosines are widened before scaling (s = 30 is not a power of two, so scaling in
+    bfloat16 would round) and the margin slope is taken in float32 (a bfloat16 slope shows in
+    the target gradient once p_target is far from 0, hence the small scale and few columns)."""
+    margin = ArcFaceMargin(0.5, scale)
+    cos16 = (torch.rand(256, num_cols) * 1.8 - 0.9).to(torch.bfloat16).requires_grad_(True)
+    cos32 = cos16.detach().float().requires_grad_(True)
+    labels = torch.arange(256) % num_cols
+    loss16 = margin_cross_entropy(cos16, labels, margin)
+    loss32 = margin_cross_entropy(cos32, labels, margin)
+    assert loss16.dtype == torch.float32
+    assert torch.equal(loss16, loss32)
+    loss16.backward()
+    loss32.backward()
+    assert cos16.grad.dtype == torch.bfloat16
+    assert torch.equal(cos16.grad, cos32.grad.to(torch.bfloat16))
+
+
+def test_normalized_loss_of_bfloat16_inputs_is_computed_in_float32():
+    margin = ArcFaceMargin(0.5, 30.0)
+    x = torch.randn(8, 16).to(torch.bfloat16)
+    w = torch.randn(20, 16).to(torch.bfloat16)
+    labels = torch.arange(8) * 2
+    loss = normalized_margin_cross_entropy(x, w, labels, margin)
+    assert loss.dtype == torch.float32
+    expected = normalized_margin_cross_entropy(x.float(), w.float(), labels, margin)
+    assert torch.equal(loss, expected)
+    mixed = normalized_margin_cross_entropy(x, w.float(), labels, margin)
+    assert torch.equal(mixed, expected)
+
+
+def test_fused_loss_input_errors_name_what_is_wrong():
+    margin = ArcFaceMargin(0.5, 8.0)
+    cos, labels = torch.zeros(3, 4), torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match=r"2-D floating tensor \(B, N\), got \(4,\)"):
+        margin_cross_entropy(torch.zeros(4), labels, margin)
+    with pytest.raises(ValueError, match="floating"):
+        margin_cross_entropy(torch.zeros(3, 4, dtype=torch.long), labels, margin)
+    with pytest.raises(ValueError, match="CombinedMargin, got Linear"):
+        margin_cross_entropy(cos, labels, torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"shape \(3,\), got \(2,\)"):
+        margin_cross_entropy(cos, labels[:2], margin)
+    with pytest.raises(ValueError, match=r"shape \(3,\), got \(3, 1\)"):
+        margin_cross_entropy(cos, labels[:, None], margin)
+    for bad in (labels.float(), labels.bool()):
+        with pytest.raises(ValueError, match=f"integer tensor, got dtype {bad.dtype}"):
+            margin_cross_entropy(cos, bad, margin)
+    with pytest.raises(ValueError, match="^the batch must have at least one row$"):
+        margin_cross_entropy(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), margin)
+    x, w = torch.randn(3, 4), torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"must share d, got \(3, 4\) and \(5, 3\)"):
+        normalized_margin_cross_entropy(x, w[:, :3], labels, margin)
+    with pytest.raises(ValueError, match=r"must share d, got \(4,\) and \(5, 4\)"):
+        normalized_margin_cross_entropy(x[0], w, labels, margin)
+    with pytest.raises(ValueError, match=r"must share d, got \(3, 4\) and \(4,\)"):
+        normalized_margin_cross_entropy(x, w[0], labels, margin)
+
+
+def test_second_backward_error_says_how_to_differentiate_again():
+    cos = torch.rand(2, 3, requires_grad=True)
+    loss = margin_cross_entropy(cos, torch.tensor([0, 1]), ArcFaceMargin(0.5, 8.0))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError) as err:
+        loss.backward()
+    assert str(err.value) == (
+        "the fused margin cross-entropy reuses its buffer for the gradient and can be "
+        "differentiated only once per forward; pass reuse_buffer=False to differentiate again"
+    )

@@ -286,3 +286,115 @@ def test_required_travel_cosface_7_5_deg_arcface_13_65_deg():
     assert cosface == pytest.approx(52.50, abs=5e-3)
     assert 60.0 - cosface == pytest.approx(7.5, abs=5e-3)
     assert 60.0 - arcface == pytest.approx(13.65, abs=5e-3)
+
+
+# ---------------------------------------------------------------- defaults and exact values
+
+
+@pytest.mark.parametrize(
+    ("margin_cls", "target_fn"),
+    [
+        (CombinedMargin, lambda c: c),
+        (NormFaceMargin, lambda c: c),
+        (ArcFaceMargin, lambda c: np.cos(np.arccos(c) + 0.5)),
+        (CosFaceMargin, lambda c: c - 0.35),
+        (SphereFaceMargin, lambda c: np.cos(1.35 * np.arccos(c))),
+    ],
+    ids=["combined", "normface", "arcface", "cosface", "sphereface"],
+)
+def test_documented_defaults_give_the_documented_logits(margin_cls, target_fn):
+    """Defaults: s = 64; ArcFace m = 0.5 rad, CosFace m = 0.35, SphereFace m1 = 1.35, and a
+    bare CombinedMargin() is NormFace. Angles stay below every theta* so no tail is involved."""
+    margin = margin_cls()  # built in the test, not at collection time
+    cos = torch.tensor([[0.8, -0.3, 0.1], [0.2, 0.5, -0.6]], dtype=torch.float64)
+    target = torch.tensor([0, 1])
+    got = margin(cos, target).numpy()
+    expected = 64.0 * cos.numpy()
+    expected[0, 0] = 64.0 * target_fn(0.8)
+    expected[1, 1] = 64.0 * target_fn(0.5)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_normface_is_exactly_scale_times_cos_including_unit_cosines(dtype):
+    """No margin means no arccos round trip: bit-identical to ``scale * cos``."""
+    cos = torch.cat([torch.rand(6, 4, dtype=dtype) * 2 - 1, torch.tensor([[1.0, -1.0, 0.0, 1.0]],
+                     dtype=dtype)])
+    target = torch.tensor([0, 1, 2, 3, 0, 1, 3])
+    for margin in (NormFaceMargin(scale=30.0), CombinedMargin(scale=30.0)):
+        got = margin(cos, target)
+        assert torch.equal(got, cos * 30.0)
+
+
+def test_margin_branch_includes_theta_star_itself():
+    """f(theta*) = cos(m1 theta* + m2) - m3 = -1 - m3 (documented ``theta <= theta*``); for ArcFace
+    the continuation starts just past it, at cos(theta*) - m sin m = -1.117."""
+    for margin in (ArcFaceMargin(0.5), CombinedMargin(1.0, 1.2, 0.1)):
+        theta = torch.tensor([margin.theta_star_rad], dtype=torch.float64)
+        got = margin.target_logit_from_angle(theta).item()
+        assert got == pytest.approx(-1.0 - margin.m3, abs=1e-12)
+    arcface = ArcFaceMargin(0.5)
+    past = torch.tensor([arcface.theta_star_rad + 1e-9], dtype=torch.float64)
+    expected = math.cos(math.pi - 0.5) - 0.5 * math.sin(0.5)
+    assert arcface.target_logit_from_angle(past).item() == pytest.approx(expected, abs=1e-8)
+
+
+def test_cosines_outside_unit_interval_are_clamped_before_the_angle():
+    """Rounding can push a cosine just past +-1; it is treated as +-1, with zero gradient."""
+    from partialfc.losses.margins import angle_from_cos
+
+    cos = torch.tensor([-1.5, -1.0, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    theta = angle_from_cos(cos)
+    assert theta[0].item() == theta[1].item()
+    assert theta[2].item() == theta[3].item()
+    assert theta[1].item() == pytest.approx(math.pi, abs=1e-7)
+    assert theta[2].item() == pytest.approx(0.0, abs=1e-7)
+    theta.sum().backward()
+    assert cos.grad[0].item() == 0.0 and cos.grad[3].item() == 0.0
+    margin = ArcFaceMargin(0.5, scale=1.0)
+    f = margin.target_logit(cos.detach())
+    assert f[0].item() == f[1].item() and f[2].item() == f[3].item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_angle_and_target_logit_are_float32_for_narrow_input(dtype):
+    cos = torch.tensor([0.123, -0.777, 0.5], dtype=dtype)
+    wide = cos.double()
+    theta = __import__("partialfc.losses.margins", fromlist=["x"]).angle_from_cos(cos)
+    assert theta.dtype == torch.float32
+    np.testing.assert_allclose(theta.numpy(), np.arccos(wide.numpy()), rtol=0, atol=2e-6)
+    f = ArcFaceMargin(0.5, scale=1.0).target_logit(cos)
+    assert f.dtype == torch.float32
+    np.testing.assert_allclose(
+        f.numpy(), np.cos(np.arccos(wide.numpy()) + 0.5), rtol=0, atol=2e-6
+    )
+
+
+def test_rows_without_target_keep_float32_scaled_cosine_for_bfloat16_input():
+    """A row whose class is absent keeps ``s * cos`` computed in float32 (s = 30 is not a power
+    of two, so a bfloat16 product would round differently)."""
+    cos = (torch.rand(16, 4) * 2 - 1).to(torch.bfloat16)
+    target = torch.tensor([-1] * 8 + [1] * 8)
+    got = ArcFaceMargin(0.5, scale=30.0)(cos, target)
+    assert torch.equal(got[:8], cos[:8].float() * 30.0)
+    assert torch.equal(got[8:, [0, 2, 3]], cos[8:, [0, 2, 3]].float() * 30.0)
+
+
+def test_empty_batch_and_no_columns_return_scaled_cos():
+    margin = ArcFaceMargin(0.5, scale=2.0)
+    out = margin(torch.zeros(0, 5), torch.zeros(0, dtype=torch.long))
+    assert out.shape == (0, 5) and out.dtype == torch.float32
+    out = margin(torch.zeros(3, 0), torch.full((3,), -1))
+    assert out.shape == (3, 0)
+
+
+def test_input_errors_name_the_offending_value():
+    margin = ArcFaceMargin(0.5)
+    with pytest.raises(ValueError, match=r"target_col must have shape \(3,\)"):
+        margin(torch.zeros(3, 5), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="got 9"):  # a valid -1 before the bad value
+        margin(torch.zeros(3, 5), torch.tensor([-1, 0, 9]))
+    with pytest.raises(ValueError, match="got -3"):
+        margin(torch.zeros(3, 5), torch.tensor([0, -1, -3]))
+    with pytest.raises(ValueError, match="floating"):
+        margin(torch.zeros(3, 5, dtype=torch.long), torch.zeros(3, dtype=torch.long))

@@ -17,6 +17,12 @@ summary (default ``benchmarks/results/mutation.json``) under ``modules[<name>][<
 total, killed, survived, timeout, no_tests, other, and the surviving mutant ids. ``--label
 before`` records a baseline next to the current (``after``) numbers. ``--summarize-only``
 rewrites the summary from the verdicts already on disk without running anything.
+``--rerun-survivors before`` runs only the mutants that survived under that label (valid when
+the module's source is unchanged and tests were only added: a killed mutant stays killed) and
+records the updated counts.
+
+mutmut re-records which tests reach which function only for tests it has not seen; after
+editing an existing test (same test id) pass ``--fresh-stats`` so the edit counts.
 
 Show one mutant with ``mutmut show <id>``; list the tests that run for it with
 ``mutmut tests-for-mutant <id>``.
@@ -96,14 +102,41 @@ def summarize(path: str) -> dict:
     return out
 
 
-def run_module(path: str, max_children: int, niceness: int) -> int:
+def rerun_counts(path: str, previous: dict) -> dict:
+    """Counts after re-running ``previous['survivors']``: the other mutants keep their verdict."""
+    meta = REPO / "mutants" / (path + ".meta")
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    out = {k: previous[k] for k in ("total", "killed", "survived", "timeout", "no_tests")}
+    out["other"] = previous.get("other", 0)
+    out["survived"] = out["no_tests"] = 0
+    survivors = []
+    for key in previous["survivors"]:
+        code = codes.get(key)
+        if code in _KILLED:
+            out["killed"] += 1
+        elif code in _TIMEOUT:
+            out["timeout"] += 1
+        elif code in _NO_TESTS:
+            out["no_tests"] += 1
+            survivors.append(key)
+        elif code in _SURVIVED:
+            out["survived"] += 1
+            survivors.append(key)
+        else:
+            out["other"] += 1
+    out["survivors"] = survivors
+    out["rerun_of"] = len(previous["survivors"])
+    return out
+
+
+def run_module(path: str, max_children: int, niceness: int, names=None) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
     env.setdefault("PARTIALFC_SHARED_DATA", str(REPO.parent / "shared" / "data"))
     mutmut = Path(sys.executable).with_name("mutmut")
     cmd = [str(mutmut) if mutmut.exists() else "mutmut", "run"]
-    cmd += ["--max-children", str(max_children), dotted(path) + ".*"]
+    cmd += ["--max-children", str(max_children), *(names or [dotted(path) + ".*"])]
     if niceness:
         cmd = ["nice", "-n", str(niceness), *cmd]
     print("+", " ".join(cmd), flush=True)
@@ -125,6 +158,16 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--summarize-only", action="store_true", help="only re-read the verdicts on disk"
     )
+    ap.add_argument(
+        "--fresh-stats",
+        action="store_true",
+        help="forget which tests reach which function (needed after editing existing tests)",
+    )
+    ap.add_argument(
+        "--rerun-survivors",
+        metavar="LABEL",
+        help="run only the survivors recorded under LABEL (source unchanged, tests added)",
+    )
     args = ap.parse_args(argv)
 
     if args.list:
@@ -138,19 +181,30 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown module(s) {unknown}; choose from {list(MODULES)} or 'all'")
 
+    if args.fresh_stats:
+        (REPO / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     summary = json.loads(args.output.read_text()) if args.output.exists() else {}
     summary.setdefault("tool", "mutmut")
     summary.setdefault("modules", {})
     status = 0
     for name in names:
         path = MODULES[name]
-        if not args.summarize_only:
-            rc = run_module(path, args.max_children, args.nice)
+        previous = None
+        if args.rerun_survivors:
+            previous = summary["modules"][name][args.rerun_survivors]
+            if not previous["survivors"]:
+                counts = dict(previous)
+        if not args.summarize_only and not (previous and not previous["survivors"]):
+            names_to_run = previous["survivors"] if previous else None
+            rc = run_module(path, args.max_children, args.nice, names_to_run)
             if rc != 0:
                 print(f"mutmut failed on {name} (exit {rc})", file=sys.stderr)
                 status = 1
                 continue
-        counts = summarize(path)
+        if previous is None:
+            counts = summarize(path)
+        elif previous["survivors"]:
+            counts = rerun_counts(path, previous)
         counts["date"] = dt.date.today().isoformat()
         entry = summary["modules"].setdefault(name, {"path": path})
         entry[args.label] = counts

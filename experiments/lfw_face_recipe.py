@@ -147,14 +147,14 @@ class LfwSplit:
 
 
 def lfw_root(recipe: RecipeConfig) -> Path:
-    from partialfc.data.arrays import shared_data_root
+    from partialfc.data.loaders import shared_data_root
 
     return Path(recipe.data_root) if recipe.data_root else shared_data_root() / "lfw_dev"
 
 
 def load_lfw_names(recipe: RecipeConfig) -> list[str]:
     """Names of every person of the grey development set (folds 1-5)."""
-    from partialfc.data.arrays import load_lfw_gray
+    from partialfc.data.loaders import load_lfw_gray
 
     return load_lfw_gray(lfw_root(recipe), part="dev").identity_names
 
@@ -175,8 +175,8 @@ def build_split(recipe: RecipeConfig) -> LfwSplit:
 
     Raises ValueError when a person would be on both sides (:func:`check_person_disjoint`).
     """
-    from partialfc.data.arrays import load_lfw_gray
     from partialfc.data.lfw import read_lfw_pairs
+    from partialfc.data.loaders import load_lfw_gray
 
     root = lfw_root(recipe)
     dev = load_lfw_gray(root, part="dev")

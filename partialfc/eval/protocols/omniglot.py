@@ -45,7 +45,7 @@ class OmniglotOpenSet(Protocol):
         self.name = f"omniglot_eval_open_set_{size}"
 
     def run(self, embed_fn: EmbedFn) -> list[VerificationReport | IdentificationReport]:
-        from partialfc.data.arrays import load_omniglot
+        from partialfc.data.loaders import load_omniglot
 
         data = load_omniglot("evaluation", size=self.size, root=self.root)
         images, labels = data.images, data.labels
@@ -107,7 +107,7 @@ class OmniglotOneShot(Protocol):
         self.name = f"omniglot_one_shot_20way_{size}"
 
     def run(self, embed_fn: EmbedFn) -> list[IdentificationReport]:
-        from partialfc.data.arrays import load_omniglot_one_shot_runs
+        from partialfc.data.loaders import load_omniglot_one_shot_runs
 
         runs = load_omniglot_one_shot_runs(size=self.size, root=self.root)
         ranks = []

@@ -23,7 +23,7 @@ class Orl(Protocol):
         self.root, self.flip, self.fars = root, flip, fars
 
     def run(self, embed_fn: EmbedFn) -> list:
-        from partialfc.data.arrays import load_orl
+        from partialfc.data.loaders import load_orl
 
         data = load_orl(self.root)
         emb = embed_images(embed_fn, data.images, self.flip)

@@ -36,7 +36,7 @@ class OmniglotOpenSet(Protocol):
         size: int = 28,
         root=None,
         flip: bool = False,
-        batch_size: int = 512,
+        batch_size: int = 256,
         fars=OPEN_SET_FARS,
         max_images: int | None = None,
     ):
@@ -102,8 +102,8 @@ class OmniglotOneShot(Protocol):
 
     PUBLISHED = {"Siamese": 0.920, "humans": 0.955, "BPL": 0.967}
 
-    def __init__(self, size: int = 28, root=None, flip: bool = False):
-        self.size, self.root, self.flip = size, root, flip
+    def __init__(self, size: int = 28, root=None, flip: bool = False, batch_size: int = 256):
+        self.size, self.root, self.flip, self.batch_size = size, root, flip, batch_size
         self.name = f"omniglot_one_shot_20way_{size}"
 
     def run(self, embed_fn: EmbedFn) -> list[IdentificationReport]:
@@ -112,8 +112,8 @@ class OmniglotOneShot(Protocol):
         runs = load_omniglot_one_shot_runs(size=self.size, root=self.root)
         ranks = []
         for run in runs:
-            gallery = embed_images(embed_fn, run.training_images, self.flip)
-            probes = embed_images(embed_fn, run.test_images, self.flip)
+            gallery = embed_images(embed_fn, run.training_images, self.flip, self.batch_size)
+            probes = embed_images(embed_fn, run.test_images, self.flip, self.batch_size)
             found = mated_search(probes @ gallery.T, run.answers, np.arange(len(gallery)))
             ranks.append(found.ranks)
         ranks = np.concatenate(ranks)

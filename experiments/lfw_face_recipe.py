@@ -105,14 +105,14 @@ def load_recipe(path: str | Path, overrides: list[str] = ()):
 
     Overrides are ``dotted.key=value`` (``recipe.val_images=colour``, ``train.epochs=2``).
     """
-    from partialfc.train.config import apply_overrides, config_from_dict, validate
+    from partialfc.train.config import (
+        apply_overrides,
+        config_from_dict,
+        read_config_file,
+        validate,
+    )
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping of sections")
+    data = read_config_file(path)
     recipe_data = dict(data.pop("recipe", None) or {})
     engine_overrides = []
     for item in overrides:

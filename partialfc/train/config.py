@@ -343,21 +343,24 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
-    data: dict = {}
-    source = "defaults"
-    if path is not None:
-        path = Path(path)
-        source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = read_config_file(path) if path is not None else {}
     apply_overrides(data, list(overrides or []))
-    return validate(config_from_dict(data, source))
+    return validate(config_from_dict(data, str(path) if path is not None else "defaults"))
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The YAML mapping of sections in ``path``, unchecked (:func:`load_config` checks it;
+    a script with sections of its own pops them first)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
 
 
 _CHOICES = {

@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "synthesize an input from a trained model (model inversion)",
     ),
     "distill": ("partialfc.tools.distillation", "train a small student from a teacher checkpoint"),
-    "clean": ("partialfc.tools.cleaning", "sub-center cleaning of a noisy training set"),
+    "clean": ("partialfc.tools.cleaning.command", "sub-center cleaning of a noisy training set"),
 }
 
 

@@ -4,7 +4,6 @@ sub-centers of its own class."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,28 +11,17 @@ import torch
 
 
 def load_head_centers(checkpoint: str | Path) -> tuple[torch.Tensor, int]:
-    """``(centers (C*K, d) float32, K)`` from a Partial FC checkpoint directory (the ``head``
-    folder of a training checkpoint, or the training checkpoint itself), whatever number of
-    shards it was written with: the shards are resharded into one block by the classifier's own
-    loader and gathered with :func:`partialfc.classifier.gather_full_centers`."""
-    from partialfc.classifier import PartialFC, gather_full_centers, load_partial_fc_checkpoint
-    from partialfc.losses.margins import NormFaceMargin
+    """``(centers (C*K, d) float32, K)`` of the head of a training checkpoint, through the head
+    contract: the head its config builds, with its saved state (any number of shards), asked
+    for :meth:`~partialfc.losses.contract.Head.class_centers`. Any head kind with centers works
+    (Partial FC, margin-softmax with sub-centers, softmax, ProxyNCA)."""
+    from partialfc.train.builders import load_trained_head
 
-    path = Path(checkpoint)
-    head_dir = path / "head" if (path / "head" / "manifest.json").is_file() else path
-    manifest_path = head_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise ValueError(f"{checkpoint}: no Partial FC head (manifest.json) found")
-    manifest = json.loads(manifest_path.read_text())
-    try:
-        num_classes = int(manifest["num_classes"])
-        dim = int(manifest["embedding_dim"])
-        k = int(manifest["num_subcenters"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{manifest_path}: incomplete manifest ({err})") from None
-    head = PartialFC(num_classes, dim, NormFaceMargin(), num_subcenters=k, init_std=0.0)
-    load_partial_fc_checkpoint(head_dir, head)
-    return gather_full_centers(head), k
+    head, cfg = load_trained_head(checkpoint)
+    centers = head.class_centers()
+    if centers is None:
+        raise ValueError(f"{checkpoint}: its head (head.kind={cfg.head.kind!r}) has no centers")
+    return centers, int(head.num_subcenters)
 
 
 def own_class_subcenter_cosines(

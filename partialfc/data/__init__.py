@@ -29,7 +29,7 @@ from partialfc.data.datasets import (
 )
 from partialfc.data.decode import decode_image, encode_image
 from partialfc.data.lfw import LfwImageArchive, VerificationPairs, read_lfw_pairs
-from partialfc.data.pack import pack_images, unpack_records
+from partialfc.data.pack import pack_images, read_identity_names, unpack_records
 from partialfc.data.recordio import (
     IRHeader,
     RecordIODataset,
@@ -60,6 +60,7 @@ __all__ = [
     "pack_images",
     "split_identities",
     "umeyama_similarity",
+    "read_identity_names",
     "unpack_records",
     "ArrayDataset",
     "FaceSet",

@@ -3,7 +3,7 @@
     partialfc export RUN_OR_CHECKPOINT OUT_DIR
     partialfc embed MODEL INPUT --out embeddings.npz [--flip]
     partialfc verify MODEL --calibrate INPUT --far 1e-3 --save-threshold t.json --pair A.png B.png
-    partialfc verify MODEL --threshold t.json --pairs pairs.txt
+    partialfc verify MODEL --threshold t.json --pairs pairs.txt   # [--allow-other-model]
     partialfc search MODEL GALLERY.npz --enroll INPUT          # one identity per label
     partialfc search MODEL GALLERY.npz --query INPUT [--top-k 5] [--threshold t.json]
 
@@ -11,7 +11,9 @@
 checkpoint). ``INPUT`` is a folder of aligned faces (``root/<identity>/<image>``), a RecordIO
 ``.rec`` set, or (for queries and pairs) single image files. With ``--detect`` inputs are
 photos (a file, a folder of photos or ``root/<identity>/<photo>``): the largest face of each
-(``--all-faces``: every face) is detected and aligned to the model's input first.
+(``--all-faces``: every face) is detected and aligned to the model's input first. A
+``--threshold`` file calibrated on other weights (its ``model_sha256`` differs from
+``Embedder.model_sha256``) is an error unless ``--allow-other-model``.
 """
 
 from __future__ import annotations

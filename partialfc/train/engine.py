@@ -474,6 +474,8 @@ class Trainer:
         self.log = MetricsLog(
             self.run_dir / "metrics.jsonl" if is_main else None,
             self.run_dir / "tensorboard" if (is_main and cfg.run.tensorboard) else None,
+            mlflow=self._mlflow_log() if (is_main and cfg.run.mlflow) else None,
+            config=config_to_dict(cfg),
         )
         self.progress = Progress(self.total_steps, self.step, cfg.run.progress and is_main)
         result = TrainResult(self.run_dir, self.step, self.step / self.steps_per_epoch)
@@ -555,6 +557,20 @@ class Trainer:
             "done", self.step, epochs=result.epochs_completed, skipped=self.skipped_steps
         )
         return result
+
+    def _mlflow_log(self):
+        """An MLflow run named after the run folder (``run.mlflow``); the default store is
+        ``run.output_dir/mlruns``."""
+        from partialfc.train.metrics_log import MLflowLog
+
+        run = self.cfg.run
+        return MLflowLog(
+            run.mlflow_tracking_uri,
+            run.mlflow_experiment,
+            self.run_dir.name,
+            config_to_dict(self.cfg),
+            Path(run.output_dir) / "mlruns",
+        )
 
     def _margin_state(self) -> dict:
         """The head's angular margin now (schedules change it); ``{}`` without one."""

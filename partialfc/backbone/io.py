@@ -23,15 +23,20 @@ WEIGHTS_FILENAME = "backbone.safetensors"
 MODEL_CONFIG_FILENAME = "model.json"
 ONNX_FILENAME = "backbone.onnx"
 METADATA_KEY = "partialfc.preprocessing"  # the spec JSON in ONNX / safetensors metadata
+EMA_DIRNAME = "ema"  # a checkpoint's EMA weights (train.ema_decay): backbone + model.json
+WEIGHT_CHOICES = ("auto", "ema", "raw")
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
 
 __all__ = [
     "CHECKPOINT_PATTERN",
+    "EMA_DIRNAME",
+    "WEIGHT_CHOICES",
     "METADATA_KEY",
     "MODEL_CONFIG_FILENAME",
     "ONNX_FILENAME",
     "WEIGHTS_FILENAME",
     "build_backbone_from_model_config",
+    "checkpoint_weights_file",
     "list_checkpoints",
     "load_backbone_from_checkpoint",
     "load_backbone_state",
@@ -122,18 +127,32 @@ def newest_checkpoint(path: str | Path, marker: str = MODEL_CONFIG_FILENAME) -> 
     return found[-1] if found else None
 
 
-def load_backbone_from_checkpoint(path: str | Path) -> tuple[nn.Module, dict]:
+def load_backbone_from_checkpoint(path: str | Path, weights: str = "raw") -> tuple[nn.Module, dict]:
     """Rebuild the backbone of a training checkpoint: ``(module in eval mode, model_config)``.
 
     ``path`` is a checkpoint directory (``.../checkpoints/step-...``) or a run folder (its newest
     checkpoint is used). ``model_config`` is ``{"name": ..., "kwargs": {...}}`` such that
-    :func:`build_backbone_from_model_config` rebuilds it.
+    :func:`build_backbone_from_model_config` rebuilds it. ``weights``: ``raw`` (default, the
+    trained weights), ``ema`` (their moving average, ``train.ema_decay``; an error when the
+    checkpoint has none) or ``auto`` (the EMA weights when present).
     """
     found = newest_checkpoint(path)
     if found is None:
         raise FileNotFoundError(f"{path}: no checkpoint (model.json) found")
     model_config = read_model_config(found)
-    return load_weights(found / WEIGHTS_FILENAME, **_as_weights_args(model_config)), model_config
+    chosen = found / checkpoint_weights_file(found, weights)
+    return load_weights(chosen, **_as_weights_args(model_config)), model_config
+
+
+def checkpoint_weights_file(checkpoint: Path, weights: str) -> str:
+    """The weights file of ``checkpoint`` (relative) that ``weights`` (WEIGHT_CHOICES) picks."""
+    if weights not in WEIGHT_CHOICES:
+        raise ValueError(f"weights={weights!r}: choose one of {', '.join(WEIGHT_CHOICES)}")
+    ema = f"{EMA_DIRNAME}/{WEIGHTS_FILENAME}"
+    has_ema = (Path(checkpoint) / ema).is_file()
+    if weights == "ema" and not has_ema:
+        raise FileNotFoundError(f"{checkpoint}: no EMA weights (trained without train.ema_decay)")
+    return ema if has_ema and weights != "raw" else WEIGHTS_FILENAME
 
 
 def _as_weights_args(model_config: dict) -> dict:

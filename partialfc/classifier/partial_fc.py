@@ -32,6 +32,14 @@ active rows (:class:`ActiveRows`), backward fills their gradient, and a row-spar
 instead exposes the whole block as an ``nn.Parameter`` with a dense gradient for a standard
 torch optimizer (every row then moves under momentum and weight decay; for comparison only).
 
+Gradient accumulation (:meth:`PartialFC.prepare_step`): an optimizer step may consume several
+micro-batches. The negative sample is then drawn once per optimizer step, from the union of the
+positives of all its micro-batches, and every micro-batch's forward uses that same active set;
+the center gradients of the micro-batches add up in the record. A step of k micro-batches of b
+is therefore exactly one step of one batch of k·b (the per-sample losses, the softmax over the
+same active rows, the summed gradients), once the caller weights each micro-batch's loss by its
+share of the samples.
+
 Batches: per-rank batch sizes may differ and a rank may have an empty batch (e.g. the end of
 an epoch); a globally empty batch is an error.
 """
@@ -126,6 +134,9 @@ class ActiveRows:
         weight_cache: ``(n, d)`` float32 rows on the compute device when the table lives
             elsewhere (host storage next to a GPU): they cross the bus once per step, and the
             device, not the host, holds the working copy. None otherwise.
+        grad_sum: ``(n, d)`` ``sum q x`` of the earlier micro-batches of an accumulated step
+            (their coefficients folded before the next forward reuses the buffer); None for a
+            step of one batch.
     """
 
     step: int
@@ -136,6 +147,17 @@ class ActiveRows:
     coefficients: Tensor | None = None
     inv_norm: Tensor | None = None
     grad_ready: bool = False
+    grad_sum: Tensor | None = None
+
+    def fold(self) -> ActiveRows:
+        """A record of the same rows for the next micro-batch of this step, carrying
+        ``grad_sum + q x`` of this one (computed now, before the score buffer is reused)."""
+        if not self.grad_ready:
+            raise RuntimeError("PartialFC: backward the micro-batch before the next forward")
+        partial = torch.mm(self.coefficients, self.embeddings)
+        if self.grad_sum is not None:
+            partial.add_(self.grad_sum)
+        return ActiveRows(self.step, self.rows, self.table, self.weight_cache, grad_sum=partial)
 
     def read_weight(self, start: int = 0, stop: int | None = None, out=None) -> Tensor:
         """Float32 values of ``rows[start:stop]`` (exactly those used in forward)."""
@@ -163,20 +185,31 @@ class ActiveRows:
             weight = self.read_weight(start, stop)
         stop = self.rows.numel() if stop is None else min(stop, self.rows.numel())
         q, inv = self.coefficients[start:stop], self.inv_norm[start:stop]
-        return _center_grad_rows(q, self.embeddings, weight, inv, out, weight_decay)
+        earlier = self.grad_sum[start:stop] if self.grad_sum is not None else None
+        return _center_grad_rows(q, self.embeddings, weight, inv, out, weight_decay, earlier)
 
 
 def _center_grad_rows(
-    q: Tensor, x: Tensor, w: Tensor, inv_norm: Tensor, out=None, weight_decay: float = 0.0
+    q: Tensor,
+    x: Tensor,
+    w: Tensor,
+    inv_norm: Tensor,
+    out=None,
+    weight_decay: float = 0.0,
+    earlier: Tensor | None = None,
 ) -> Tensor:
     """``d loss / d w_j = inv_j (G_j - (G_j . u_j) u_j)``, plus ``weight_decay * w_j``.
 
     ``q`` (m, B) holds ``d loss / d (w_j . x_i)`` (``inv_j`` already applied), so
     ``g_j = sum_i q_ji x_i`` (one GEMM) is ``inv_j G_j``, and one more pass removes the radial
-    part and adds the L2 term: ``g_j += w_j (weight_decay - (g_j . w_j) inv_j^2)``.
+    part and adds the L2 term: ``g_j += w_j (weight_decay - (g_j . w_j) inv_j^2)``. ``earlier``
+    (m, d) is ``sum q x`` of the earlier micro-batches of an accumulated step (the radial part
+    is linear in ``g``, so it is removed once from the sum).
     """
     g = out.get(*w.shape) if isinstance(out, ReusableBuffer) else out
     g = torch.mm(q, x, out=g) if g is not None else torch.mm(q, x)
+    if earlier is not None:
+        g.add_(earlier)
     along = torch.linalg.vecdot(g, w).mul_(inv_norm * inv_norm)
     return g.addcmul_(w, along.neg_().add_(weight_decay).unsqueeze(1))
 
@@ -420,6 +453,8 @@ class PartialFC(Head):
         self._device_rows_buffer = ReusableBuffer(self.device)  # (n, d), staged tables only
         self.generation = 0  # bumped by every forward; a stale graph refuses to backward
         self._active: ActiveRows | None = None
+        self._planned: Tensor | None = None  # active classes of an accumulated step
+        self._planned_step = 0
 
     # ------------------------------------------------------------------ the handshake
     @property
@@ -428,13 +463,37 @@ class PartialFC(Head):
         return self._active
 
     def consume_active_rows(self) -> ActiveRows | None:
-        """Hand the last forward's active rows (with gradient) to the optimizer, once."""
+        """Hand the last forward's active rows (with gradient) to the optimizer, once; this
+        ends the step (and an accumulation planned by :meth:`prepare_step`)."""
         record, self._active = self._active, None
+        self._planned = None
         if record is not None and not record.grad_ready:
             raise RuntimeError(
                 "PartialFC: optimizer.step() called before loss.backward() for the last forward"
             )
         return record
+
+    def prepare_step(self, local_labels: Tensor) -> None:
+        """Plan an optimizer step of several micro-batches (gradient accumulation).
+
+        ``local_labels``: this rank's labels of *all* the step's micro-batches. All ranks take
+        part: the labels are gathered and the active classes are drawn once, from their union
+        (the draw of one batch holding all micro-batches, same ``(seed, step, rank)``). Every
+        training forward until the optimizer step (or :meth:`discard_step`) uses this active
+        set, and the center gradients of the micro-batches add up.
+        """
+        labels = local_labels.to(self.device, torch.long).reshape(-1)
+        sizes = [
+            int(s)
+            for s in all_gather_sizes([labels.numel()], self.device, self.process_group)[:, 0]
+        ]
+        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+            raise ValueError(f"PartialFC.prepare_step: labels outside [0, {self.num_classes})")
+        labels_all = all_gather_rows_no_grad(labels, sizes, self.process_group)
+        self._active = None
+        self._planned = self._select_active_classes(labels_all)
+        self._planned_step = self.sampling_step
+        self.sampling_step += 1
 
     # ------------------------------------------------------------------ the head contract
     def angular_margin(self) -> CombinedMargin:
@@ -465,8 +524,10 @@ class PartialFC(Head):
         raise ValueError(f"optimizer name={settings.name!r}: choose sgd or adamw")
 
     def discard_step(self) -> None:
-        """Drop the recorded active rows: the optimizer step does not happen for them."""
-        self.consume_active_rows()
+        """Drop the recorded active rows (and a planned accumulation): the optimizer step does
+        not happen for them."""
+        self._active = None
+        self._planned = None
 
     def save_state(self, directory, optimizer=None) -> None:
         """This rank's shard [+ optimizer state] (:func:`save_partial_fc_checkpoint`)."""
@@ -547,7 +608,13 @@ class PartialFC(Head):
             local_labels.to(self.device, torch.long), sizes, self.process_group
         )
 
-        active = self._select_active_classes(labels_all)
+        training = torch.is_grad_enabled()
+        accumulating = training and self._planned is not None
+        if accumulating:
+            active = self._planned
+            self._check_planned(active, labels_all)
+        else:
+            active = self._select_active_classes(labels_all)
         k = self.num_subcenters
         rows = (active.unsqueeze(1) * k + torch.arange(k, device=active.device)).reshape(-1)
         start, stop = self.block.start, self.block.stop
@@ -558,11 +625,15 @@ class PartialFC(Head):
         record, w = None, None
         if self.update == "dense":
             w = self.weight.index_select(0, rows)
+        elif accumulating and self._active is not None:  # a later micro-batch of the step
+            record = self._active.fold()
+            self._active = None
         else:
             cache = None
             if self.centers.staged:  # host table: one transfer of the active rows per step
                 cache = self.centers.read(rows, self._device_rows_buffer)
-            record = ActiveRows(self.sampling_step, rows, self.centers, weight_cache=cache)
+            step = self._planned_step if accumulating else self.sampling_step
+            record = ActiveRows(step, rows, self.centers, weight_cache=cache)
         self.generation += 1
         plan = _StepPlan(
             owner=self,
@@ -585,16 +656,27 @@ class PartialFC(Head):
         anchor = torch.empty(0, device=self.device, requires_grad=record is not None)
         loss = _ShardedMarginSoftmax.apply(x_all, w, anchor, plan).mean()
 
-        if record is not None and torch.is_grad_enabled():
+        if record is not None and training:
             if self._active is not None and self._active.grad_ready:
                 raise RuntimeError(
                     "PartialFC: the previous step's center gradients were never applied; call "
-                    "optimizer.step() between steps (gradient accumulation is not supported)"
+                    "optimizer.step() between steps, or prepare_step() to accumulate gradients "
+                    "over several micro-batches"
                 )
             self._active = record
-        if torch.is_grad_enabled():
+        if training and not accumulating:
             self.sampling_step += 1
         return loss
+
+    def _check_planned(self, active: Tensor, labels_all: Tensor) -> None:
+        """Every local label of a micro-batch must be in the planned active set."""
+        start, stop = self.block.start, self.block.stop
+        local = labels_all[(labels_all >= start) & (labels_all < stop)] - start
+        if local.numel() and not bool(torch.isin(local, active).all()):
+            raise ValueError(
+                "PartialFC: a micro-batch holds labels that prepare_step() was not given; pass "
+                "the labels of all micro-batches of the step"
+            )
 
     def extra_repr(self) -> str:
         return (

@@ -46,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             "--opset", type=int, default=18, help="ONNX opset, 11 or later (default 18)"
         )
         parser.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
+        parser.add_argument(
+            "--weights",
+            choices=("auto", "ema", "raw"),
+            default="auto",
+            help="auto (default): the EMA weights when the run kept them (train.ema_decay), "
+            "else the trained ones; ema; raw (the trained weights)",
+        )
         return
     parser.add_argument("model", help="exported dir, .onnx file, or training checkpoint/run")
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto")
@@ -203,10 +210,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args) -> int:
+    from partialfc.backbone.io import checkpoint_weights_file, newest_checkpoint
     from partialfc.deploy.export import export_checkpoint
 
+    found = newest_checkpoint(args.checkpoint)
+    if found is not None:
+        chosen = checkpoint_weights_file(found, args.weights)
+        print(f"exporting {found / chosen}", file=sys.stderr)
     result = export_checkpoint(
-        args.checkpoint, args.out_dir, opset=args.opset, check=not args.no_check
+        args.checkpoint,
+        args.out_dir,
+        weights=args.weights,
+        opset=args.opset,
+        check=not args.no_check,
     )
     print(json.dumps(result.to_dict(), indent=2))
     if result.max_abs_diff is not None:

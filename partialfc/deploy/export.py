@@ -218,11 +218,17 @@ def export_backbone(
     )
 
 
-def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, **kwargs):
-    """Export the backbone of a training checkpoint (or the newest one of a run folder)."""
+def export_checkpoint(
+    checkpoint: str | os.PathLike, out_dir: str | os.PathLike, weights: str = "auto", **kwargs
+):
+    """Export the backbone of a training checkpoint (or the newest one of a run folder).
+
+    ``weights``: ``auto`` (default: the EMA weights when the run kept them, ``train.ema_decay``,
+    else the trained ones), ``ema`` or ``raw``.
+    """
     from partialfc.backbone.io import load_backbone_from_checkpoint
 
-    model, model_config = load_backbone_from_checkpoint(checkpoint)
+    model, model_config = load_backbone_from_checkpoint(checkpoint, weights)
     spec = PreprocessingSpec.from_model_config(model_config)
     return export_backbone(model, spec, out_dir, **kwargs)
 

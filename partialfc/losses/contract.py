@@ -6,6 +6,7 @@ it learns along the way (class centers, proxies, nothing at all)::
     loss = head(embeddings, labels)                  # (B, d) float, (B,) long -> scalar
     optimizer = head.make_optimizer(OptimizerSettings(name="sgd", lr=0.1))
     margin = head.angular_margin()                   # CombinedMargin, or None
+    head.prepare_step(labels)                        # labels of all micro-batches of a step
     head.discard_step()                              # the step was skipped after backward
     head.save_state(directory, optimizer)            # and head.load_state(directory, optimizer)
     stats = head.diagnostics(embeddings, labels)     # {name: float}, may be empty
@@ -95,6 +96,12 @@ class Head(nn.Module):
                 weight_decay=settings.weight_decay,
             )
         raise ValueError(f"optimizer name={settings.name!r}: choose sgd or adamw")
+
+    def prepare_step(self, labels: Tensor) -> None:
+        """An optimizer step of several micro-batches (gradient accumulation) begins; ``labels``
+        are this rank's labels of all of them. A head that samples classes draws once per
+        optimizer step, from their union (Partial FC); a dense head has nothing to plan (its
+        parameter gradients add up in autograd). Default: nothing."""
 
     def discard_step(self) -> None:
         """Forget what the last forward/backward prepared for an optimizer step that will not

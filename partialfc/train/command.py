@@ -124,5 +124,10 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
         summary = trainer.evaluate(final=True)
         if trainer.ctx.is_main and summary is not None:
             _print_headline(summary, time.perf_counter() - start)
+            if trainer.last_ema_summary is not None:
+                from partialfc.train.evaluation import side_by_side
+
+                print(side_by_side(summary, trainer.last_ema_summary, trainer.ema.decay), end="")
             print(f"report: {trainer.run_dir / 'report' / 'report.md'}")
+    trainer.log.close()  # flushes TensorBoard / ends the MLflow run (eval scalars included)
     return 0

@@ -158,6 +158,12 @@ class TrainConfig:
     log_every: int = 50
     diagnostics_every: int = 200  # APCS / AMNCS / MICS; 0 = off
     num_threads: int = 0  # torch intra-op threads per process; 0 = leave torch's default
+    # gradient accumulation: micro-batches of data.batch_size per optimizer step (1 = off);
+    # one step of k micro-batches equals one step of a k-times larger batch (see engine)
+    accumulate_steps: int = 1
+    # exponential moving average of the backbone weights, updated after every optimizer step
+    # (e.g. 0.999); evaluated next to the trained weights and exported by default. None = off
+    ema_decay: float | None = None
 
 
 @dataclass
@@ -189,6 +195,10 @@ class RunConfig:
     name: str = "run"  # the run folder is output_dir/name
     progress: bool = True
     tensorboard: bool = False
+    # MLflow (pip install 'partialfc[mlflow]'): the same scalars as metrics.jsonl, config as params
+    mlflow: bool = False
+    mlflow_tracking_uri: str = ""  # "" = $MLFLOW_TRACKING_URI, else a file store in output_dir
+    mlflow_experiment: str = "partialfc"
 
 
 @dataclass
@@ -436,6 +446,8 @@ _RANGES = {
     "train.log_every": _INT_1,
     "train.diagnostics_every": _INT_0,
     "train.num_threads": _INT_0,
+    "train.accumulate_steps": _INT_1,
+    "train.ema_decay": Range(0, 1, low_open=True, high_open=True, optional=True),
     "checkpoint.every_steps": _INT_0,
     "checkpoint.keep_last": _INT_1,
     "eval.every_steps": _INT_0,

@@ -26,12 +26,30 @@ gradient by the world size so that DDP's average is that sum (tested: 2 ranks ×
 update of 1 rank × 2b). The fp16 loss scale is applied to the embedding gradient rather than to
 ``L``: only the fp16 backbone needs it, and the head's centers receive unscaled fp32 gradients.
 
+Gradient accumulation (``train.accumulate_steps = k``): one optimizer step consumes k loader
+batches (micro-batches). Each micro-batch's loss is weighted by its share of the step's samples
+and back-propagated at once (memory of one micro-batch); DDP synchronises only on the last one.
+The sampled head draws its negatives once per optimizer step, from the union of the positives
+of the k micro-batches (:meth:`Head.prepare_step`), so a step of k micro-batches of b is exactly
+a step of one batch of k·b (tested), as long as the backbone has no batch statistics (batch
+norm sees each micro-batch alone). Everything that counts steps counts optimizer steps: the
+LR and margin schedules, ``log_every``, ``eval.every_steps``, ``checkpoint.every_steps``, grad
+clipping (once, on the summed gradient). An epoch has ``floor(batches / k)`` steps (the last
+``batches mod k`` batches are left out). Checkpoints are written between optimizer steps only,
+so a resumed run never starts inside an accumulation: a run stopped mid-accumulation repeats
+those micro-batches from its last checkpoint.
+
+EMA (``train.ema_decay``, :mod:`partialfc.train.ema`): the average of the backbone weights is
+updated after every optimizer step that moved the backbone, saved in each checkpoint
+(``ema/``), restored on resume, evaluated next to the trained weights, and exported by default.
+
 A non-finite loss (agreed on by all ranks) skips the step, logs the sample indices of the batch,
 and stops training after ``train.max_nonfinite_steps`` in a row.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -47,6 +65,7 @@ from torch import nn
 from partialfc.autograd import scale_gradient
 from partialfc.backbone import io as backbone_io
 from partialfc.backbone.embedding import embed_array
+from partialfc.backbone.io import EMA_DIRNAME
 from partialfc.backbone.pixels import normalize_batch
 from partialfc.eval.protocols.registry import DEFAULT_BATCH_SIZE
 from partialfc.train import checkpoint as ckpt
@@ -65,6 +84,8 @@ from partialfc.train.distributed import (
     barrier,
     setup_distributed,
 )
+from partialfc.train.ema import BackboneEMA
+from partialfc.train.evaluation import append_comparison
 from partialfc.train.extra_losses import ExtraLoss, StepContext, TripletTerm
 from partialfc.train.lr_schedule import WarmupLR
 from partialfc.train.metrics_log import MetricsLog, Progress, drop_records_after
@@ -164,11 +185,18 @@ class Trainer:
         self.sampler = self._build_sampler()
         per_rank = getattr(self.sampler, "num_samples", None) or len(self.sampler)
         bs = cfg.data.batch_size
-        self.steps_per_epoch = steps_per_epoch(per_rank, bs, cfg.data.drop_last)
-        if self.steps_per_epoch < 1:
+        self.accumulate_steps = cfg.train.accumulate_steps
+        batches = steps_per_epoch(per_rank, bs, cfg.data.drop_last)
+        self.steps_per_epoch = batches // self.accumulate_steps
+        if batches < 1:
             raise ValueError(
                 f"data.batch_size={bs} is larger than this rank's share of the training set "
                 f"({per_rank} samples)"
+            )
+        if self.steps_per_epoch < 1:
+            raise ValueError(
+                f"train.accumulate_steps={self.accumulate_steps} is more than the {batches} "
+                f"batches of data.batch_size={bs} in one epoch"
             )
         self.total_steps = max(1, round(cfg.train.epochs * self.steps_per_epoch))
 
@@ -191,6 +219,8 @@ class Trainer:
         self.margin_schedule = (
             build_margin_schedule(cfg.head.margin, self.margin) if self.margin is not None else None
         )
+        self.ema = BackboneEMA(self.backbone, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        self.last_ema_summary: dict | None = None  # the EMA weights' numbers of evaluate()
         self.optimizer = build_backbone_optimizer(cfg.optim, self.backbone)
         self.head_optimizer = build_head_optimizer(cfg.optim, self.head)
         self.optimizers = [self.optimizer, self.head_optimizer]
@@ -234,6 +264,8 @@ class Trainer:
         self.progress = Progress(self.total_steps, 0, enabled=False)
         if cfg.checkpoint.init_from:
             self._init_backbone_from(cfg.checkpoint.init_from)
+            if self.ema is not None:  # the average starts from the weights fine-tuning starts from
+                self.ema = BackboneEMA(self.backbone, cfg.train.ema_decay)
         if cfg.checkpoint.resume:
             path = ckpt.resolve_checkpoint(cfg.checkpoint.resume, self.run_dir)
             if path is not None:
@@ -313,34 +345,56 @@ class Trainer:
         return normalize_batch(images.to(self.ctx.device, non_blocking=True))
 
     def train_step(self, images, labels, indices, diagnostics: bool = False) -> float | None:
-        """One optimizer step; returns the loss, or None when it was non-finite (step skipped).
+        """One optimizer step on one batch; see :meth:`accumulated_step`."""
+        return self.accumulated_step([(images, labels, indices)], diagnostics)
+
+    def accumulated_step(self, batches, diagnostics: bool = False) -> float | None:
+        """One optimizer step over the micro-batches ``[(images, labels, indices), ...]``;
+        returns the loss (the sample-weighted mean over the micro-batches), or None when it
+        was non-finite (step skipped).
 
         With ``diagnostics=True`` the head's statistics of this step (:meth:`Head.diagnostics`,
-        e.g. APCS / AMNCS / MICS) are left in :attr:`last_diagnostics` (computed before the
-        optimizers move the centers).
+        e.g. APCS / AMNCS / MICS, on the last micro-batch) are left in :attr:`last_diagnostics`
+        (computed before the optimizers move the centers).
         """
         device = self.ctx.device
         self.lr_schedule.apply(self.optimizers, self.step)
         if self.margin_schedule is not None:
             self.margin_schedule.update(self.step)
-        x = self._normalize(images)
-        labels = labels.to(device, non_blocking=True)
-        with torch.autocast(
-            device.type,
-            dtype=self.autocast_dtype or torch.float32,
-            enabled=self.autocast_dtype is not None,
-        ):
-            embeddings = self.model(x)
-        embeddings = embeddings.float()
-        if self.scaler.is_enabled():  # (also creates the scaler's scale tensor on first use)
-            embeddings = scale_gradient(
-                embeddings, self.scaler.scale(torch.ones((), device=device))
-            )
-        loss = self._total_loss(StepContext(x, embeddings, labels, self.head, self.step))
-        if not all_true(bool(torch.isfinite(loss.detach()).item()), self.ctx):
-            self._skip_step(indices)
-            return None
-        loss.backward()
+        k = len(batches)
+        if k > 1 and self.uses_head:  # one negative sample for the whole step
+            self.head.prepare_step(torch.cat([batch[1] for batch in batches]))
+        sizes = [len(batch[1]) for batch in batches]
+        total_loss, terms = 0.0, {}
+        for j, (images, labels, indices) in enumerate(batches):
+            weight = sizes[j] / sum(sizes)
+            no_sync = k > 1 and j < k - 1 and self.ctx.distributed
+            with self.model.no_sync() if no_sync else contextlib.nullcontext():
+                x = self._normalize(images)
+                labels = labels.to(device, non_blocking=True)
+                with torch.autocast(
+                    device.type,
+                    dtype=self.autocast_dtype or torch.float32,
+                    enabled=self.autocast_dtype is not None,
+                ):
+                    embeddings = self.model(x)
+                embeddings = embeddings.float()
+                if self.scaler.is_enabled():  # (also creates the scaler's scale tensor)
+                    embeddings = scale_gradient(
+                        embeddings, self.scaler.scale(torch.ones((), device=device))
+                    )
+                loss = self._total_loss(StepContext(x, embeddings, labels, self.head, self.step))
+                if not all_true(bool(torch.isfinite(loss.detach()).item()), self.ctx):
+                    self._skip_step(indices)
+                    return None
+                (loss * weight if k > 1 else loss).backward()
+            total_loss += weight * float(loss.detach())
+            for name, values in self.last_terms.items():
+                for key, value in values.items():
+                    entry = terms.setdefault(name, {})
+                    entry[key] = entry.get(key, 0.0) + weight * value
+        if k > 1:
+            self.last_terms = terms
         if diagnostics and self.uses_head:
             self.last_diagnostics = self.head.diagnostics(
                 embeddings.detach(), labels, seed=self.cfg.train.seed + self.step
@@ -361,10 +415,12 @@ class Trainer:
             self.head_optimizer.step()
         elif self.uses_head:  # the step does not happen for the head
             self.head.discard_step()
+        if self.ema is not None and grads_finite:
+            self.ema.update(self.backbone)
         self.optimizer.zero_grad(set_to_none=True)
         self.head_optimizer.zero_grad()
         self._last_grad_norm = float(grad_norm)
-        return float(loss.detach())
+        return float(loss.detach()) if k == 1 else total_loss
 
     def _total_loss(self, ctx: StepContext) -> torch.Tensor:
         """``w_cls · head(e, y) + Σ term.loss``; per-term values go to :attr:`last_terms`."""
@@ -385,6 +441,8 @@ class Trainer:
     def _skip_step(self, indices) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.head_optimizer.zero_grad()
+        if self.accumulate_steps > 1 and self.uses_head:  # drop the step's plan and gradients
+            self.head.discard_step()
         self.consecutive_nonfinite += 1
         self.skipped_steps += 1
         ids = [int(i) for i in indices]
@@ -417,21 +475,29 @@ class Trainer:
         self.log = MetricsLog(
             self.run_dir / "metrics.jsonl" if is_main else None,
             self.run_dir / "tensorboard" if (is_main and cfg.run.tensorboard) else None,
+            mlflow=self._mlflow_log() if (is_main and cfg.run.mlflow) else None,
+            config=config_to_dict(cfg),
         )
         self.progress = Progress(self.total_steps, self.step, cfg.run.progress and is_main)
         result = TrainResult(self.run_dir, self.step, self.step / self.steps_per_epoch)
-        global_batch = self.global_batch
+        global_batch = self.global_batch * self.accumulate_steps  # samples per optimizer step
         window_t, window_steps, window_loss = time.perf_counter(), 0, []
         window_terms: dict[str, dict[str, list[float]]] = {}
         try:
             while self.step < self.total_steps:
-                for images, labels, indices in self._loader():
+                pending = []  # the micro-batches of the next optimizer step
+                for batch in self._loader():
+                    pending.append(batch)
+                    if len(pending) < self.accumulate_steps:
+                        continue
                     every = cfg.train.diagnostics_every
                     want_diag = bool(every) and (self.step + 1) % every == 0
-                    loss = self.train_step(images, labels, indices, diagnostics=want_diag)
-                    self.sampler.advance(self.global_batch)
+                    loss = self.accumulated_step(pending, diagnostics=want_diag)
+                    for _ in pending:
+                        self.sampler.advance(self.global_batch)
                     self.step += 1
-                    self.batches_in_epoch += 1
+                    self.batches_in_epoch += len(pending)
+                    pending = []
                     result.losses.append(float("nan") if loss is None else loss)
                     if loss is not None:
                         self.consecutive_nonfinite = 0
@@ -466,7 +532,9 @@ class Trainer:
                         self.log.write("diagnostics", self.step, **self.last_diagnostics)
                     if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
                         self.evaluate(final=False)
-                    end_of_epoch = self.batches_in_epoch == self.steps_per_epoch
+                    end_of_epoch = (
+                        self.batches_in_epoch == self.steps_per_epoch * self.accumulate_steps
+                    )
                     if end_of_epoch:
                         self.epoch += 1
                         self.batches_in_epoch = 0
@@ -491,6 +559,20 @@ class Trainer:
         )
         return result
 
+    def _mlflow_log(self):
+        """An MLflow run named after the run folder (``run.mlflow``); the default store is
+        ``run.output_dir/mlruns``."""
+        from partialfc.train.metrics_log import MLflowLog
+
+        run = self.cfg.run
+        return MLflowLog(
+            run.mlflow_tracking_uri,
+            run.mlflow_experiment,
+            self.run_dir.name,
+            config_to_dict(self.cfg),
+            Path(run.output_dir) / "mlruns",
+        )
+
     def _margin_state(self) -> dict:
         """The head's angular margin now (schedules change it); ``{}`` without one."""
         m = self.margin
@@ -500,11 +582,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def embed_fn(self, batch_size: int | None = None):
+    def embed_fn(self, batch_size: int | None = None, ema: bool = False):
         """``uint8 images (N, [C,] H, W) → float32 (N, d)`` numpy, with the current backbone
-        (:func:`partialfc.backbone.embedding.embed_array`, the training precision)."""
+        (:func:`partialfc.backbone.embedding.embed_array`, the training precision); ``ema``:
+        with the EMA of its weights instead."""
         device = self.ctx.device
-        backbone = self.backbone
+        backbone = self.ema.module if ema else self.backbone
         bs = batch_size or self.cfg.eval.batch_size or DEFAULT_BATCH_SIZE
 
         def embed(images: np.ndarray) -> np.ndarray:
@@ -513,23 +596,38 @@ class Trainer:
         return embed
 
     def evaluate(self, final: bool) -> dict | None:
-        """Run the configured verification protocols on rank 0; log and return the summary."""
+        """Run the configured verification protocols on rank 0; log and return the summary.
+
+        With ``train.ema_decay`` the EMA weights are evaluated too (report in ``ema/`` of the
+        report folder, record ``eval_ema``, summary in :attr:`last_ema_summary`) and the
+        report ends with both sets of numbers side by side.
+        """
         if self.evaluator is None or not self.ctx.is_main:
             barrier(self.ctx)
             return None
         out_dir = self.run_dir / ("report" if final else f"eval/step-{self.step:08d}")
+        meta = {
+            "step": self.step,
+            "epochs": round(self.step / self.steps_per_epoch, 3),
+            "model": self.model_config,
+            "num_classes": self.num_classes,
+        }
         summary = self.evaluator(
             self.embed_fn(),
             out_dir,
             title=f"Verification of {self.run_dir.name} at step {self.step}",
-            meta={
-                "step": self.step,
-                "epochs": round(self.step / self.steps_per_epoch, 3),
-                "model": self.model_config,
-                "num_classes": self.num_classes,
-            },
+            meta=meta,
         )
         self.log.write("eval", self.step, **summary)
+        if self.ema is not None:
+            self.last_ema_summary = self.evaluator(
+                self.embed_fn(ema=True),
+                out_dir / "ema",
+                title=f"Verification of {self.run_dir.name} at step {self.step}, EMA weights",
+                meta={**meta, "ema_decay": self.ema.decay},
+            )
+            self.log.write("eval_ema", self.step, **self.last_ema_summary)
+            append_comparison(out_dir / "report.md", summary, self.last_ema_summary, self.ema.decay)
         barrier(self.ctx)
         return summary
 
@@ -551,6 +649,8 @@ class Trainer:
         ckpt.atomic_torch_save(ckpt.capture_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
         if self.ctx.is_main:
             backbone_io.save_backbone(self.backbone, self.model_config, tmp)
+            if self.ema is not None:
+                backbone_io.save_backbone(self.ema.module, self.model_config, tmp / EMA_DIRNAME)
             state = {
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
@@ -559,6 +659,7 @@ class Trainer:
                 "epoch": self.epoch,
                 "batches_in_epoch": self.batches_in_epoch,
                 "global_batch": self.cfg.data.batch_size * self.ctx.world_size,
+                "accumulate_steps": self.accumulate_steps,
             }
             ckpt.atomic_torch_save(state, tmp / "trainer.pt")
             meta = {
@@ -596,7 +697,18 @@ class Trainer:
                 f"mid-epoch needs the same global batch (now {global_batch} = "
                 f"{self.ctx.world_size} ranks × data.batch_size={self.cfg.data.batch_size})"
             )
+        accumulated = int(state.get("accumulate_steps", 1))
+        if accumulated != self.accumulate_steps and state["batches_in_epoch"]:
+            raise ValueError(
+                f"{path}: saved mid-epoch with train.accumulate_steps={accumulated}; resuming "
+                f"mid-epoch needs the same value (now {self.accumulate_steps})"
+            )
         self.backbone.load_state_dict(backbone_io.load_backbone_state(path))
+        if self.ema is not None:
+            ema_path = path / EMA_DIRNAME
+            # a checkpoint without EMA: the average starts from its weights
+            source = ema_path if (ema_path / backbone_io.WEIGHTS_FILENAME).is_file() else path
+            self.ema.load_state_dict(backbone_io.load_backbone_state(source))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.head.load_state(path / "head", self.head_optimizer)

@@ -43,6 +43,35 @@ def summarize(reports: list) -> dict:
     return out
 
 
+def side_by_side(raw: dict, ema: dict, ema_decay: float) -> str:
+    """A Markdown table of two summaries (:func:`summarize`): trained weights vs their EMA."""
+    lines = [
+        f"| set | metric | trained weights | EMA (decay {ema_decay:g}) | EMA − trained |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name, entry in raw.items():
+        for key, value in entry.items():
+            other = ema.get(name, {}).get(key)
+            if other is None or key.startswith("k@"):
+                continue
+            lines.append(f"| {name} | {key} | {value:.4f} | {other:.4f} | {other - value:+.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def append_comparison(report: Path, raw: dict, ema: dict, ema_decay: float) -> None:
+    """Append the side-by-side table of the trained and EMA weights to ``report`` (atomic)."""
+    from partialfc.atomic import atomic_write_bytes
+
+    report = Path(report)
+    text = report.read_text() if report.is_file() else ""
+    section = (
+        f"\n## Trained weights and their EMA (train.ema_decay={ema_decay:g})\n\n"
+        f"The EMA model's full report is in `ema/report.md`.\n\n"
+        + side_by_side(raw, ema, ema_decay)
+    )
+    atomic_write_bytes(report, (text + section).encode())
+
+
 class Evaluator:
     """``evaluator(embed_fn, out_dir) -> summary``: runs the protocols, writes the report."""
 

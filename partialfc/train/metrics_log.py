@@ -4,12 +4,19 @@ Every record is one JSON object per line with ``step`` and ``kind`` (``train``, 
 ``eval``, ``nonfinite``, ...) so a run can be plotted with ``pandas.read_json(lines=True)``.
 Only rank 0 writes. A run resumed from step S first drops the records it will write again
 (:func:`drop_records_after`), so each step's records appear once.
+
+The numbers of every record also go, as scalars named ``kind/key`` (nested mappings flattened:
+``eval/omniglot_open_set/auc``), to TensorBoard (``run.tensorboard``) and to MLflow
+(``run.mlflow``, :class:`MLflowLog`), which also receives the resolved config once, as
+parameters.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,10 +62,101 @@ def drop_records_after(path: Path, step: int) -> int:
     return dropped
 
 
-class MetricsLog:
-    """Append-only JSONL log (+ TensorBoard scalars when enabled)."""
+def scalars(kind: str, values: dict) -> dict[str, float]:
+    """The numbers of a record as ``{"kind/key[/subkey...]": float}``: nested mappings are
+    flattened, booleans, strings and lists left out."""
+    out: dict[str, float] = {}
 
-    def __init__(self, path: Path | None, tensorboard_dir: Path | None = None):
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}/{key}", item)
+        elif hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+            walk(prefix, value.item())
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[prefix] = float(value)
+
+    for key, value in values.items():
+        walk(f"{kind}/{key}", value)
+    return out
+
+
+def flat_config(config: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config mapping as ``{"section.key": "value"}`` (the parameters of a run)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_config(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if not isinstance(value, str) else value
+    return out
+
+
+class MLflowLog:
+    """One MLflow run: the config as parameters (once), then scalars by step.
+
+    ``tracking_uri``: ``""`` means ``$MLFLOW_TRACKING_URI`` when set, else a local file store
+    ``file:<default_dir>`` (for which MLflow's ``MLFLOW_ALLOW_FILE_STORE`` opt-in is set in
+    this process; ``sqlite:///...`` or ``http://...`` select a database or a server). Metric
+    names keep letters, digits and ``_ - . / space``; other characters become ``_``
+    (``tar@far=0.001`` is logged as ``tar_far_0.001``). Needs ``pip install
+    'partialfc[mlflow]'`` (``mlflow-skinny``).
+    """
+
+    def __init__(
+        self, tracking_uri: str, experiment: str, run_name: str, config: dict, default_dir: Path
+    ):
+        try:
+            from mlflow.entities import Param
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise ImportError(
+                "run.mlflow=true needs MLflow: pip install 'partialfc[mlflow]'"
+            ) from None
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        if not uri:
+            uri = Path(default_dir).resolve().as_uri()
+        if uri.startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.tracking_uri = uri
+        self._client = MlflowClient(uri)
+        found = self._client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else self._client.create_experiment(experiment)
+        self.run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+        params = [Param(k, v[:6000]) for k, v in flat_config(config).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self._client.log_batch(self.run_id, params=params[start : start + 100])
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(re.sub(r"[^A-Za-z0-9_\-./ ]", "_", key), value, now, int(step))
+            for key, value in values.items()
+            if math.isfinite(value)
+        ]
+        for start in range(0, len(metrics), 1000):
+            self._client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+
+    def close(self) -> None:
+        self._client.set_terminated(self.run_id)
+
+
+class MetricsLog:
+    """Append-only JSONL log (+ TensorBoard scalars and an :class:`MLflowLog` when given).
+
+    ``config`` (a nested mapping) is written once to TensorBoard as text.
+    """
+
+    def __init__(
+        self,
+        path: Path | None,
+        tensorboard_dir: Path | None = None,
+        mlflow: MLflowLog | None = None,
+        config: dict | None = None,
+    ):
         self.path = Path(path) if path is not None else None
         self._file = None
         if self.path is not None:
@@ -74,6 +172,12 @@ class MetricsLog:
                     "pip install 'partialfc[tensorboard]'"
                 ) from err
             self._tb = SummaryWriter(str(tensorboard_dir))
+            if config is not None:
+                import yaml
+
+                text = yaml.safe_dump(config, sort_keys=False)
+                self._tb.add_text("config", "```\n" + text + "```")
+        self._mlflow = mlflow
 
     def write(self, kind: str, step: int, **values) -> None:
         if self._file is None:
@@ -81,10 +185,14 @@ class MetricsLog:
         record = {"kind": kind, "step": int(step), "time": round(time.time(), 3)}
         record.update(_jsonable(values))
         self._file.write(json.dumps(record) + "\n")
+        if self._tb is None and self._mlflow is None:
+            return
+        numbers = scalars(kind, values)
         if self._tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+            for key, value in numbers.items():
+                self._tb.add_scalar(key, value, step)
+        if self._mlflow is not None and numbers:
+            self._mlflow.log(numbers, step)
 
     def close(self) -> None:
         if self._file is not None:
@@ -92,6 +200,10 @@ class MetricsLog:
             self._file = None
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
+        if self._mlflow is not None:
+            self._mlflow.close()
+            self._mlflow = None
 
 
 class Progress:

@@ -660,6 +660,7 @@ class Trainer:
                 "batches_in_epoch": self.batches_in_epoch,
                 "global_batch": self.cfg.data.batch_size * self.ctx.world_size,
                 "accumulate_steps": self.accumulate_steps,
+                "ema_updates": self.ema.updates if self.ema is not None else 0,
             }
             ckpt.atomic_torch_save(state, tmp / "trainer.pt")
             meta = {
@@ -709,6 +710,7 @@ class Trainer:
             # a checkpoint without EMA: the average starts from its weights
             source = ema_path if (ema_path / backbone_io.WEIGHTS_FILENAME).is_file() else path
             self.ema.load_state_dict(backbone_io.load_backbone_state(source))
+            self.ema.updates = int(state.get("ema_updates", 0)) if source == ema_path else 0
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.head.load_state(path / "head", self.head_optimizer)

@@ -1,6 +1,6 @@
 """EMA of the backbone weights (``train.ema_decay``).
 
-* The trainer's average follows ``θ_ema ← d θ_ema + (1 − d) θ`` after every optimizer step
+* The trainer's average is the bias-corrected ``Σ (1 − d) d^(t−s) θ_s / (1 − d^t)`` of the iterates
   (checked against a float64 recomputation from the recorded weights); buffers are copies.
 * A run resumed from a checkpoint has the same EMA, bit for bit, as the uninterrupted run.
 * ``partialfc export`` writes the EMA weights by default (``--weights raw``: the trained ones).
@@ -65,10 +65,19 @@ def test_ema_follows_the_recurrence(tmp_path):
     trainer.fit()
     assert len(trainer.history) == 4
     params = {name for name, _ in trainer.backbone.named_parameters()}
-    expected = dict(initial)
-    for state in trainer.history:
-        for key, value in state.items():
-            expected[key] = DECAY * expected[key] + (1 - DECAY) * value if key in params else value
+    # the bias-corrected average, summed directly: sum_s (1-d) d^(t-s) theta_s / (1 - d^t)
+    t = len(trainer.history)
+    expected = {}
+    for key in initial:
+        if key in params:
+            total = sum(
+                (1 - DECAY) * DECAY ** (t - s) * state[key]
+                for s, state in enumerate(trainer.history, start=1)
+            )
+            expected[key] = total / (1 - DECAY**t)
+        else:
+            expected[key] = trainer.history[-1][key]
+    assert trainer.ema.updates == t
     ema = trainer.ema.module.state_dict()
     for key, value in expected.items():
         torch.testing.assert_close(ema[key].double(), value, rtol=1e-6, atol=1e-7)

@@ -44,28 +44,25 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
 
 
-def _print_headline(summary: dict, elapsed_s: float) -> None:
-    from partialfc.eval.protocols import published_results
+def headline(summary: dict, elapsed_s: float) -> str:
+    """The console summary of the final evaluation; every rate as
+    :func:`partialfc.eval.intervals.percent` writes it."""
+    from partialfc.eval.intervals import percent
 
     lines = [f"trained and evaluated in {elapsed_s / 60:.1f} min"]
     for name, entry in summary.items():
         parts = []
         if "auc" in entry:
             parts.append(f"ROC AUC {entry['auc']:.4f}")
-            parts.append(f"EER {100 * entry['eer']:.2f}%")
+            parts.append(f"EER {percent(entry['eer'])}")
             for key, value in entry.items():
                 if key.startswith("tar@far="):
                     far = key.split("=", 1)[1]
-                    parts.append(f"TAR@FAR={far} {100 * value:.2f}% (k={entry[f'k@far={far}']})")
+                    parts.append(f"TAR@FAR={far} {percent(value)} (k={entry[f'k@far={far}']})")
         if "rank1" in entry:
-            label = "20-way one-shot accuracy" if "one_shot" in name else "rank-1"
-            parts.append(f"{label} {100 * entry['rank1']:.1f}%")
-            published = published_results(name)
-            if published:
-                quoted = ", ".join(f"{k} {100 * v:.1f}%" for k, v in published.items())
-                parts.append(f"({quoted})")
+            parts.append(f"rank-1 {percent(entry['rank1'])}")
         lines.append(f"  {name}: " + ", ".join(parts))
-    print("\n".join(lines))
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,6 +120,6 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     if evaluator is not None and cfg.eval.at_end:
         summary = trainer.evaluate(final=True)
         if trainer.ctx.is_main and summary is not None:
-            _print_headline(summary, time.perf_counter() - start)
+            print(headline(summary, time.perf_counter() - start))
             print(f"report: {trainer.run_dir / 'report' / 'report.md'}")
     return 0

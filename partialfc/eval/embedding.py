@@ -12,6 +12,8 @@ import numpy as np
 
 from partialfc.backbone.embedding import l2_normalize
 
+from .progress import progress_bar
+
 EmbedFn = Callable[[np.ndarray], np.ndarray]
 
 
@@ -33,7 +35,8 @@ def embed_images(
 
     With ``flip=True`` (the flip test) each embedding is ``normalize(e(x) + e(flip(x)))``,
     i.e. the two raw embeddings are summed before normalising. ``normalize=False`` keeps the
-    raw norm (a quality signal) for template pooling.
+    raw norm (a quality signal) for template pooling. A progress bar shows on a terminal
+    (:mod:`partialfc.eval.progress`).
     """
     images = np.asarray(images)
     if images.dtype != np.uint8:
@@ -41,12 +44,14 @@ def embed_images(
     if images.ndim not in (3, 4) or len(images) == 0:
         raise ValueError(f"images must be a non-empty (N, H, W[, C]) array, got {images.shape}")
     out = []
-    for start in range(0, len(images), batch_size):
-        batch = images[start : start + batch_size]
-        e = _call(embed_fn, batch)
-        if flip:
-            e = e + _call(embed_fn, np.ascontiguousarray(flip_horizontal(batch)))
-        out.append(e)
+    with progress_bar(len(images), "embedding", "img") as bar:
+        for start in range(0, len(images), batch_size):
+            batch = images[start : start + batch_size]
+            e = _call(embed_fn, batch)
+            if flip:
+                e = e + _call(embed_fn, np.ascontiguousarray(flip_horizontal(batch)))
+            out.append(e)
+            bar.update(len(batch))
     out = np.concatenate(out)
     return l2_normalize(out) if normalize else out
 

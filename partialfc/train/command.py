@@ -161,6 +161,9 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     if missing:
         print(f"{prog}: {missing}", file=sys.stderr)
         return 2
+    from partialfc.eval.progress import set_progress
+
+    set_progress(None if cfg.run.progress else False)  # evaluation bars: terminal only, or off
 
     from partialfc.train.distributed import setup_distributed
     from partialfc.train.engine import NonFiniteLossError, Trainer

@@ -176,13 +176,13 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
-    """Verification sets (names understood by ``partialfc.eval``)."""
+    """Verification sets, named as in ``partialfc.eval.protocols.registry.PROTOCOLS``."""
 
     protocols: list[str] = field(default_factory=list)
     every_steps: int = 0  # periodic verification; 0 = only at the end
     at_end: bool = True
-    batch_size: int = 256
-    flip_test: bool = False
+    batch_size: int | None = None  # None = each protocol's default (256)
+    flip_test: bool | None = None  # None = each protocol's default (faces on, Omniglot off)
     # test-time augmentation: average the embeddings of each image and of its copies moved
     # this many pixels up/down/left/right (0 = off; 5x the embedding cost)
     shift_average_px: int = 0
@@ -357,21 +357,24 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
-    data: dict = {}
-    source = "defaults"
-    if path is not None:
-        path = Path(path)
-        source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = read_config_file(path) if path is not None else {}
     apply_overrides(data, list(overrides or []))
-    return validate(config_from_dict(data, source))
+    return validate(config_from_dict(data, str(path) if path is not None else "defaults"))
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The YAML mapping of sections in ``path``, unchecked (:func:`load_config` checks it;
+    a script with sections of its own pops them first)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
 
 
 _CHOICES = {
@@ -445,7 +448,7 @@ _RANGES = {
     "checkpoint.every_steps": _INT_0,
     "checkpoint.keep_last": _INT_1,
     "eval.every_steps": _INT_0,
-    "eval.batch_size": _INT_1,
+    "eval.batch_size": Range(1, integer=True, optional=True),
 }
 
 
@@ -490,6 +493,7 @@ def validate(cfg: Config) -> Config:
             f"{cfg.data.input_size}, got {cfg.data.augment.crop_padding}"
         )
     _validate_model(cfg.model)
+    _validate_protocols(cfg.eval)
     if cfg.data.source != "omniglot" and not cfg.data.path:
         raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
     _validate_loss_and_batches(cfg)
@@ -542,6 +546,16 @@ def _validate_model(model: ModelConfig) -> None:
             )
     if "dropout" in model.kwargs:
         _check("model.kwargs.dropout", model.kwargs["dropout"], _FRACTION)
+
+
+def _validate_protocols(cfg: EvalConfig) -> None:
+    from partialfc.eval.protocols.registry import parse_protocol
+
+    for i, spec in enumerate(cfg.protocols):
+        try:
+            parse_protocol(spec, f"eval.protocols[{i}]")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def _validate_head_kind(cfg: Config) -> None:

@@ -74,8 +74,8 @@ def build_train_set(cfg: DataConfig):
 
 def _build_source(cfg: DataConfig):
     if cfg.source == "omniglot":
-        from partialfc.data.arrays import load_omniglot
         from partialfc.data.datasets import ArrayDataset
+        from partialfc.data.loaders import load_omniglot
 
         try:
             split = load_omniglot("background", size=cfg.input_size, root=cfg.path or None)

@@ -47,7 +47,8 @@ def test_embedding_bar_counts_every_image(recorder):
     images = np.zeros((10, 4, 4), np.uint8)
     embed_images(lambda x: np.ones((len(x), 3), np.float32), images, flip=True, batch_size=4)
     (bar,) = recorder.bars
-    assert (bar.desc, bar.unit, bar.total, bar.n, bar.closed) == ("embedding", "img", 10, 10, True)
+    # 10 images and their 10 mirror images (flip test)
+    assert (bar.desc, bar.unit, bar.total, bar.n, bar.closed) == ("embedding", "img", 20, 20, True)
 
 
 @pytest.mark.parametrize(("n", "block"), [(7, 3), (9, 3), (5, 8)])

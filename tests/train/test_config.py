@@ -123,7 +123,7 @@ def test_cli_reports_a_typo_and_exits_2(capsys):
             "schedule.warmup_fraction must be a finite number in [0, 1)",
         ),
         ("run.on_exists=keep", "run.on_exists='keep': choose one of error, new, overwrite"),
-        ("eval.batch_size=0", "eval.batch_size must be an integer >= 1, got 0"),
+        ("eval.batch_size=0", "eval.batch_size must be null or an integer >= 1, got 0"),
         ("loss.classifier_weight=.inf", "loss.classifier_weight must be a finite number >= 0"),
         (
             "model.kwargs={bogus: 1}",

@@ -4,6 +4,9 @@
 * :class:`LfwPairs`: LFW ``pairs.txt`` over an image folder/zip (default: LFW dev pairs)
 * :class:`Ijb`: IJB-B/C 1:1 and 1:N from the meta files
 * :class:`OmniglotOpenSet`, :class:`OmniglotOneShot`, :class:`Orl`: bundled/shared real data
+
+:data:`PROTOCOLS` names them with their defaults (flip test, batch size, image size); both
+``partialfc eval`` and the training config build them through :func:`build_protocols`.
 """
 
 from .base import Protocol
@@ -19,6 +22,7 @@ from .ijb import (
 from .omniglot import OmniglotOneShot, OmniglotOpenSet
 from .orl import Orl
 from .pairs import LfwPairs, VerificationBin
+from .registry import PROTOCOLS, build_protocol, build_protocols
 
 
 def published_results(report_name: str) -> dict[str, float]:
@@ -30,6 +34,9 @@ def published_results(report_name: str) -> dict[str, float]:
 
 
 __all__ = [
+    "PROTOCOLS",
+    "build_protocol",
+    "build_protocols",
     "published_results",
     "Ijb",
     "LfwPairs",

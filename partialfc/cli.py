@@ -12,6 +12,11 @@ import argparse
 import importlib
 import sys
 
+DESCRIPTION = (
+    "Train identity-embedding models with margin-softmax and Partial FC heads, evaluate them "
+    "honestly, and use them (export, embed, verify, search)."
+)
+
 # command name -> (module implementing it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
@@ -41,16 +46,60 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Ends every option's help with its default (``(default: 256)``, ``(default: off)`` for a
+    flag, ``(default: none)`` when unset) unless the help already states one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or action.required
+            or action.default is argparse.SUPPRESS
+            or "default" in text.lower()
+        ):
+            return text
+        if action.nargs == 0 and isinstance(action.default, bool):  # a flag
+            default = "on" if action.default else "off"
+        elif action.default is None or action.default == []:
+            default = "none"
+        else:
+            default = "%(default)s"
+        return f"{text} (default: {default})" if text else f"default: {default}"
+
+
+def version() -> str:
+    from partialfc import __version__
+
+    return f"partialfc {__version__}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="partialfc", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="partialfc", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+def command_parser(name: str, module=None) -> argparse.ArgumentParser:
+    """The parser of one command (its module is imported unless given)."""
+    module = module or importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(
+        prog=f"partialfc {name}",
+        description=COMMANDS[name][1],
+        formatter_class=DefaultsHelpFormatter,
+    )
+    module.add_arguments(parser, name)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--version":
+        print(version())
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser = build_parser()
         if argv and argv[0] not in ("-h", "--help"):
@@ -59,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name = argv[0]
     module = importlib.import_module(COMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"partialfc {name}", description=COMMANDS[name][1])
-    module.add_arguments(parser, name)
+    parser = command_parser(name, module)
     args = parser.parse_args(argv[1:])
     args.command = name
     return int(module.run(args) or 0)

@@ -281,6 +281,7 @@ def load_threshold_for(args, embedder):
 
 def _threshold(args, embedder):
     from partialfc.deploy.verify import calibrate
+    from partialfc.eval.intervals import percent
 
     if args.threshold:
         return load_threshold_for(args, embedder)
@@ -291,7 +292,7 @@ def _threshold(args, embedder):
     low, high = t.far_interval_95
     print(
         f"threshold {t.threshold:.4f} at FAR {t.target_far:g}: {t.false_accepts} of "
-        f"{t.n_impostor} calibration impostors accepted (95% CI {low:.2g}-{high:.2g})",
+        f"{t.n_impostor} calibration impostors accepted (95% CI {percent(low)} to {percent(high)})",
         file=sys.stderr,
     )
     if args.save_threshold:

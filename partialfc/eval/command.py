@@ -155,5 +155,7 @@ def run(args: argparse.Namespace) -> int:
             "shift_average_px": args.shift_average,
         },
     )
-    print(f"report written to {args.out}/report.md")
+    from pathlib import Path
+
+    print(f"report written to {Path(args.out) / 'report.md'}")
     return 0

@@ -18,6 +18,8 @@ from partialfc.backbone.embedding import (
     l2_normalize,
 )
 
+from .progress import progress_bar
+
 EmbedFn = Callable[[np.ndarray], np.ndarray]
 
 
@@ -32,12 +34,21 @@ def embed_images(
 
     With ``flip=True`` (the flip test) each embedding is ``normalize(e(x) + e(flip(x)))``,
     i.e. the two raw embeddings are summed before normalising. ``normalize=False`` keeps the
-    raw norm (a quality signal) for template pooling.
+    raw norm (a quality signal) for template pooling. A progress bar shows on a terminal
+    (:mod:`partialfc.eval.progress`).
     """
     images = np.asarray(images)
     if images.dtype != np.uint8:
         raise ValueError(f"images must be uint8, got {images.dtype}")
-    out = embed_in_batches(embed_fn, images, flip=flip, batch_size=batch_size)
+    count = len(images) * (2 if flip else 1) if images.ndim else 0
+    with progress_bar(count, "embedding", "img") as bar:
+
+        def counted(batch: np.ndarray) -> np.ndarray:  # mirror images count too
+            embeddings = embed_fn(batch)
+            bar.update(len(batch))
+            return embeddings
+
+        out = embed_in_batches(counted, images, flip=flip, batch_size=batch_size)
     return l2_normalize(out) if normalize else out
 
 

@@ -27,7 +27,15 @@ class Proportion(Result):
     confidence: float
 
     def __str__(self) -> str:
-        return f"{self.rate:.4g} [{self.lower:.3g}, {self.upper:.3g}] ({self.k}/{self.n})"
+        """``63.31% [63.00, 63.63] (54880/86724)``: the rate and its interval in percent."""
+        bounds = f"[{100 * self.lower:.2f}, {100 * self.upper:.2f}]"
+        return f"{percent(self.rate)} {bounds} ({self.k}/{self.n})"
+
+
+def percent(rate: float) -> str:
+    """The one format of a measured rate in text: a percentage with two decimals,
+    ``0.0004472 -> '0.04%'`` (targets such as FAR = 1e-3 keep the form they were given in)."""
+    return f"{100 * rate:.2f}%"
 
 
 def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .progress import progress_bar
 from .roc import RocCurve
 from .tar_at_far import TarAtFar, tar_at_threshold, threshold_from_top_impostors
 
@@ -199,6 +200,12 @@ def _pair_masks(labels, r0, r1, c0, c1):
     return valid, genuine
 
 
+def _tile_pairs(r0: int, r1: int, c0: int, c1: int) -> int:
+    """Unordered pairs in a tile of :func:`upper_tiles` (a diagonal tile holds each once)."""
+    k = r1 - r0
+    return k * (k - 1) // 2 if r0 == c0 else k * (c1 - c0)
+
+
 def score_all_pairs(
     embeddings,
     labels=None,
@@ -211,28 +218,32 @@ def score_all_pairs(
     """Score every unordered pair of rows of ``embeddings`` (L2-normalised, ``(N, d)``).
 
     Pairs with equal ``labels`` are genuine; with ``labels=None`` every pair is an impostor
-    (one template per subject). Memory is O(block² + keep_top), independent of N².
+    (one template per subject). Memory is O(block² + keep_top), independent of N². A progress
+    bar over the pairs shows on a terminal (:mod:`partialfc.eval.progress`).
     """
     e, labels = _prepare(embeddings, labels, block)
     n = e.shape[0]
     acc = _Accumulator(n_bins, keep_top, min(block, n) ** 2)
     tile = np.empty(min(block, n) ** 2, dtype=np.float32)
+    bar = progress_bar(n * (n - 1) // 2, "scoring pairs", "pair")
     for r0, r1, c0, c1 in upper_tiles(n, block):
         s = tile[: (r1 - r0) * (c1 - c0)].reshape(r1 - r0, c1 - c0)
         np.matmul(e[r0:r1], e[c0:c1].T, out=s)
         valid, same = _pair_masks(labels, r0, r1, c0, c1)
         if valid is None and same is None:
             acc.add_impostors_fast(s)
-            continue
-        # tiles on the diagonal or with genuine pairs: only their small sub-tiles that
-        # actually need a mask take the masked path
-        for a0, a1, b0, b1 in _sub_tiles(r1 - r0, c1 - c0, sub_block, diagonal=r0 == c0):
-            part = s[a0:a1, b0:b1]
-            valid, same = _pair_masks(labels, r0 + a0, r0 + a1, c0 + b0, c0 + b1)
-            if valid is None and same is None:
-                acc.add_impostors_fast(np.ascontiguousarray(part))
-            else:
-                acc.add_masked(part, valid, same)
+        else:
+            # tiles on the diagonal or with genuine pairs: only their small sub-tiles that
+            # actually need a mask take the masked path
+            for a0, a1, b0, b1 in _sub_tiles(r1 - r0, c1 - c0, sub_block, diagonal=r0 == c0):
+                part = s[a0:a1, b0:b1]
+                valid, same = _pair_masks(labels, r0 + a0, r0 + a1, c0 + b0, c0 + b1)
+                if valid is None and same is None:
+                    acc.add_impostors_fast(np.ascontiguousarray(part))
+                else:
+                    acc.add_masked(part, valid, same)
+        bar.update(_tile_pairs(r0, r1, c0, c1))
+    bar.close()
     hist, top, genuine, n_impostor = acc.hist, acc.top, acc.genuine, acc.n_impostor
     return PairScoreSummary(
         n_impostor=int(n_impostor),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from partialfc.atomic import atomic_output, atomic_write_bytes
 
+from .intervals import percent
 from .reports import IdentificationReport, VerificationReport, roc_points
 from .results import to_jsonable
 
@@ -66,7 +67,7 @@ def plot_cmc(reports: list[IdentificationReport], path: Path) -> None:
 
 
 def _pct(p) -> str:
-    return f"{100 * p.rate:.2f}% [{100 * p.lower:.2f}, {100 * p.upper:.2f}] ({p.k}/{p.n})"
+    return str(p)
 
 
 def verification_markdown(r: VerificationReport) -> str:
@@ -164,7 +165,7 @@ def summary_line(r) -> str:
     if isinstance(r, VerificationReport):
         best = max(r.tar_at_far, key=lambda t: -t.target_far, default=None)
         extra = f", TAR@FAR={best.target_far:g}: {best.tar}" if best else ""
-        return f"{r.name}: AUC {r.auc:.4f}, EER {100 * r.eer.eer:.2f}%{extra}"
+        return f"{r.name}: AUC {r.auc:.4f}, EER {percent(r.eer.eer)}{extra}"
     if isinstance(r, IdentificationReport):
         return f"{r.name}: rank-1 {r.cmc.rank(1)}"
     return repr(r)

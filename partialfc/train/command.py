@@ -9,12 +9,17 @@ Several processes (one per GPU, or several CPU ranks with gloo)::
     torchrun --nproc_per_node 8 -m partialfc.cli train --config configs/ms1mv3_r50_arcface.yaml
 
 The run folder (``run.output_dir/run.name``) receives ``config.yaml`` (resolved),
-``metrics.jsonl``, ``checkpoints/`` and ``report/`` (verification report).
+``metrics.jsonl``, ``checkpoints/`` and ``report/`` (verification report). A folder that
+already holds a run is an error unless ``--resume`` continues it or ``--overwrite`` replaces it
+(:mod:`partialfc.train.run_folder`). Training starts with a banner: the run folder, device,
+threads, classes, images, steps, precision and head.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 import time
 
@@ -38,38 +43,93 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         metavar="CHECKPOINT",
         help="continue a run: its newest checkpoint (no value) or the given checkpoint directory",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in the run folder if it holds one (run.on_exists=overwrite)",
+    )
     parser.add_argument("--no-eval", action="store_true", help="skip the final verification")
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
 
 
-def _print_headline(summary: dict, elapsed_s: float) -> None:
-    from partialfc.eval.protocols import published_results
+def headline(summary: dict, elapsed_s: float) -> str:
+    """The console summary of the final evaluation; every rate as
+    :func:`partialfc.eval.intervals.percent` writes it."""
+    from partialfc.eval.intervals import percent
 
     lines = [f"trained and evaluated in {elapsed_s / 60:.1f} min"]
     for name, entry in summary.items():
         parts = []
         if "auc" in entry:
             parts.append(f"ROC AUC {entry['auc']:.4f}")
-            parts.append(f"EER {100 * entry['eer']:.2f}%")
+            parts.append(f"EER {percent(entry['eer'])}")
             for key, value in entry.items():
                 if key.startswith("tar@far="):
                     far = key.split("=", 1)[1]
-                    parts.append(f"TAR@FAR={far} {100 * value:.2f}% (k={entry[f'k@far={far}']})")
+                    parts.append(f"TAR@FAR={far} {percent(value)} (k={entry[f'k@far={far}']})")
         if "rank1" in entry:
-            label = "20-way one-shot accuracy" if "one_shot" in name else "rank-1"
-            parts.append(f"{label} {100 * entry['rank1']:.1f}%")
-            published = published_results(name)
-            if published:
-                quoted = ", ".join(f"{k} {100 * v:.1f}%" for k, v in published.items())
-                parts.append(f"({quoted})")
+            parts.append(f"rank-1 {percent(entry['rank1'])}")
         lines.append(f"  {name}: " + ", ".join(parts))
-    print("\n".join(lines))
+    return "\n".join(lines)
+
+
+def start_banner(trainer) -> str:
+    """What is about to run, before the first step."""
+    cfg = trainer.cfg
+    precision = {None: "fp32", "bfloat16": "bf16 autocast", "float16": "fp16 autocast"}[
+        None if trainer.autocast_dtype is None else str(trainer.autocast_dtype).split(".")[-1]
+    ]
+    ranks = trainer.ctx.world_size
+    start = f", resuming at step {trainer.step:,}" if trainer.step else ""
+    head = cfg.head.kind
+    if head == "partial_fc":
+        head += f" (sample rate {cfg.head.sample_rate:g})"
+    rows = [
+        ("run folder", f"{trainer.run_dir}{start}"),
+        ("device", f"{trainer.ctx.device}, {ranks} rank{'s' if ranks > 1 else ''}"),
+        (
+            "threads",
+            f"{trainer.num_threads} compute (train.num_threads={cfg.train.num_threads}) + "
+            f"{cfg.data.num_workers} data worker{'s' if cfg.data.num_workers != 1 else ''}",
+        ),
+        ("data", f"{len(trainer.train_set):,} images, {trainer.num_classes:,} classes"),
+        (
+            "steps",
+            f"{trainer.total_steps:,} ({cfg.train.epochs:g} epochs of {trainer.steps_per_epoch:,}"
+            f" steps, global batch {trainer.global_batch:,})",
+        ),
+        ("precision", precision),
+        ("model", f"{trainer.model_config['name']}, {cfg.model.embedding_dim}-d embedding"),
+        ("head", head),
+    ]
+    return "\n".join(f"{name:<11} {value}" for name, value in rows)
 
 
 def run(args: argparse.Namespace) -> int:
     return train_and_report(args, prog="partialfc train")
+
+
+def _announce(trainer) -> None:
+    from partialfc.train.threads import available_cores, load_average, oversubscription_warning
+
+    if trainer.run_note:
+        print(trainer.run_note)
+    print(start_banner(trainer), flush=True)
+    warning = oversubscription_warning(available_cores(), load_average())
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
+def _missing_extra(cfg) -> str | None:
+    """A one-line message when the config asks for an optional package that is not installed."""
+    if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        return (
+            "run.tensorboard=true needs the tensorboard package: pip install "
+            "'partialfc[tensorboard]' (or --set run.tensorboard=false)"
+        )
+    return None
 
 
 def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None) -> int:
@@ -77,6 +137,9 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
 
     ``make_extra_losses(cfg, device) -> list`` supplies extra loss terms (``partialfc distill``).
     """
+    from partialfc.train.threads import passive_wait_environment
+
+    os.environ.update(passive_wait_environment(os.environ))  # before OpenMP starts (torch)
     import yaml
 
     from partialfc.train.config import ConfigError, config_to_dict, load_config
@@ -84,6 +147,8 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     overrides = list(args.overrides)
     if args.resume is not None:
         overrides.append(f"checkpoint.resume={args.resume}")
+    if getattr(args, "overwrite", False):
+        overrides.append("run.on_exists=overwrite")
     try:
         cfg = load_config(args.config, overrides)
     except (ConfigError, FileNotFoundError) as err:
@@ -92,6 +157,13 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
+    missing = _missing_extra(cfg)
+    if missing:
+        print(f"{prog}: {missing}", file=sys.stderr)
+        return 2
+    from partialfc.eval.progress import set_progress
+
+    set_progress(None if cfg.run.progress else False)  # evaluation bars: terminal only, or off
 
     from partialfc.train.distributed import setup_distributed
     from partialfc.train.engine import NonFiniteLossError, Trainer
@@ -111,6 +183,8 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
         ctx = setup_distributed(cfg.train.device)
         extra = make_extra_losses(cfg, ctx.device) if make_extra_losses is not None else ()
         trainer = Trainer(cfg, ctx=ctx, evaluator=evaluator, extra_losses=extra)
+        if trainer.ctx.is_main:
+            _announce(trainer)
         result = trainer.fit()
     except (ConfigError, NonFiniteLossError, ValueError, FileNotFoundError) as err:
         print(f"{prog}: {err}", file=sys.stderr)
@@ -123,7 +197,7 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     if evaluator is not None and cfg.eval.at_end:
         summary = trainer.evaluate(final=True)
         if trainer.ctx.is_main and summary is not None:
-            _print_headline(summary, time.perf_counter() - start)
+            print(headline(summary, time.perf_counter() - start))
             if trainer.last_ema_summary is not None:
                 from partialfc.train.evaluation import side_by_side
 

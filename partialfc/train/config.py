@@ -140,7 +140,10 @@ class ScheduleConfig:
     """Learning rate per step: linear warm-up, then ``poly`` decay or ``step`` drops."""
 
     kind: str = "poly"  # "poly" | "step" | "constant"
+    # linear warm-up: warmup_epochs, or (when that is 0) warmup_fraction of all training steps;
+    # a fraction follows train.epochs, so short trial runs keep the same shape
     warmup_epochs: float = 0.0
+    warmup_fraction: float = 0.0
     power: float = 2.0  # poly: lr = base · (1 − progress)^power
     milestones: list[float] = field(default_factory=list)  # step: epochs where lr ÷= 1/gamma
     gamma: float = 0.1
@@ -157,7 +160,9 @@ class TrainConfig:
     max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
     log_every: int = 50
     diagnostics_every: int = 200  # APCS / AMNCS / MICS; 0 = off
-    num_threads: int = 0  # torch intra-op threads per process; 0 = leave torch's default
+    # torch intra-op threads per process: "auto" = the free cores (partialfc.train.threads),
+    # N = exactly N, 0 = leave torch's default
+    num_threads: int | str = "auto"
     # gradient accumulation: micro-batches of data.batch_size per optimizer step (1 = off);
     # one step of k micro-batches equals one step of a k-times larger batch (see engine)
     accumulate_steps: int = 1
@@ -193,6 +198,9 @@ class EvalConfig:
 class RunConfig:
     output_dir: str = "runs"
     name: str = "run"  # the run folder is output_dir/name
+    # when output_dir/name already holds a run: "error", "new" (name-2, name-3, ...) or
+    # "overwrite"; --resume continues it (partialfc.train.run_folder)
+    on_exists: str = "error"
     progress: bool = True
     tensorboard: bool = False
     # MLflow (pip install 'partialfc[mlflow]'): the same scalars as metrics.jsonl, config as params
@@ -242,7 +250,13 @@ def _coerce(value: Any, tp, where: str):
             return None
         raise ConfigError(f"{where}: null is not allowed (expected {_type_name(inner)})")
     origin = typing.get_origin(inner)
-    if inner is bool:
+    if origin in (Union, types.UnionType):  # e.g. int | str: the first type that fits
+        for option in typing.get_args(inner):
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                pass
+    elif inner is bool:
         if isinstance(value, bool):
             return value
     elif inner is int:
@@ -381,6 +395,7 @@ _CHOICES = {
     "data.source": ("omniglot", "recordio", "folder", "npz"),
     "head.storage_dtype": ("float32", "bfloat16"),  # what PartialFC stores (SUPPORTED_DTYPES)
     "head.storage_device": ("compute", "cpu"),
+    "run.on_exists": ("error", "new", "overwrite"),
     "loss.triplet_mining": ("semihard", "batch_hard", "all"),
     "head.kind": (
         "partial_fc",
@@ -438,6 +453,7 @@ _RANGES = {
     "optim.weight_decay": _NONNEGATIVE,
     "optim.eps": _POSITIVE,
     "optim.grad_clip_norm": Range(0, low_open=True, optional=True),
+    "schedule.warmup_fraction": _FRACTION,
     "schedule.power": _NONNEGATIVE,
     "schedule.gamma": _POSITIVE,
     "train.epochs": _POSITIVE,
@@ -445,7 +461,6 @@ _RANGES = {
     "train.max_nonfinite_steps": _INT_1,
     "train.log_every": _INT_1,
     "train.diagnostics_every": _INT_0,
-    "train.num_threads": _INT_0,
     "train.accumulate_steps": _INT_1,
     "train.ema_decay": Range(0, 1, low_open=True, high_open=True, optional=True),
     "checkpoint.every_steps": _INT_0,
@@ -475,12 +490,9 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{dotted}={value!r}: choose one of {', '.join(map(str, choices))}")
     for dotted, allowed in _RANGES.items():
         _check(dotted, _get(cfg, dotted), allowed)
-    _check(
-        "schedule.warmup_epochs",
-        cfg.schedule.warmup_epochs,
-        Range(0, cfg.train.epochs, high_open=True),
-        f" (below train.epochs={cfg.train.epochs:g})",
-    )
+    _validate_warmup(cfg.schedule, cfg.train.epochs)
+    if cfg.train.num_threads != "auto":
+        _check("train.num_threads", cfg.train.num_threads, _INT_0, ' or "auto"')
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas must be two numbers, got {cfg.optim.betas!r}")
     for i, beta in enumerate(cfg.optim.betas):
@@ -505,6 +517,22 @@ def validate(cfg: Config) -> Config:
     _validate_loss_and_batches(cfg)
     _validate_head_kind(cfg)
     return cfg
+
+
+def _validate_warmup(schedule: ScheduleConfig, epochs: float) -> None:
+    """One warm-up length: ``warmup_epochs`` (below ``train.epochs``) or ``warmup_fraction``."""
+    _check("schedule.warmup_epochs", schedule.warmup_epochs, _NONNEGATIVE)
+    if schedule.warmup_epochs > 0 and schedule.warmup_fraction > 0:
+        raise ConfigError(
+            f"schedule.warmup_epochs={schedule.warmup_epochs:g} and schedule.warmup_fraction="
+            f"{schedule.warmup_fraction:g}: give the warm-up one way; set the other to 0"
+        )
+    if schedule.warmup_epochs >= epochs:
+        raise ConfigError(
+            f"schedule.warmup_epochs={schedule.warmup_epochs:g} must be below train.epochs="
+            f"{epochs:g}: lower schedule.warmup_epochs, or give the warm-up as a share of "
+            f"training (--set schedule.warmup_epochs=0 --set schedule.warmup_fraction=0.05)"
+        )
 
 
 # model.kwargs may hold the backbone arguments that no other key sets

@@ -87,8 +87,15 @@ from partialfc.train.distributed import (
 from partialfc.train.ema import BackboneEMA
 from partialfc.train.evaluation import append_comparison
 from partialfc.train.extra_losses import ExtraLoss, StepContext, TripletTerm
-from partialfc.train.lr_schedule import WarmupLR
+from partialfc.train.lr_schedule import WarmupLR, warmup_steps
 from partialfc.train.metrics_log import MetricsLog, Progress, drop_records_after
+from partialfc.train.run_folder import (
+    RunFolderExistsError,
+    RunLock,
+    continues_in,
+    prepare_run_dir,
+)
+from partialfc.train.threads import apply_num_threads
 
 
 class NonFiniteLossError(RuntimeError):
@@ -161,16 +168,17 @@ class Trainer:
     ):
         self.cfg = cfg
         self.ctx = ctx or setup_distributed(cfg.train.device)
-        if cfg.train.num_threads > 0:
-            torch.set_num_threads(cfg.train.num_threads)
+        self.num_threads = apply_num_threads(cfg.train.num_threads, cfg.data.num_workers)
         seed_everything(cfg.train.seed + self.ctx.rank)
         device = self.ctx.device
+        self.run_note = ""  # what choosing the run folder did (printed by the command)
+        base = Path(cfg.run.output_dir) / cfg.run.name
         if run_dir is not None:
             self.run_dir = Path(run_dir)
-        elif cfg.checkpoint.resume == "auto":
-            self.run_dir = Path(cfg.run.output_dir) / cfg.run.name
-        else:  # a new run never writes into an earlier run's folder
-            self.run_dir = self._unused_run_dir(Path(cfg.run.output_dir) / cfg.run.name)
+        elif continues_in(base, cfg.checkpoint.resume):
+            self.run_dir = base
+        else:  # a new run never writes into an earlier run's checkpoints (run.on_exists)
+            self.run_dir = self._new_run_dir(base)
         self.checkpoint_dir = self.run_dir / "checkpoints"
         if self.ctx.is_main:  # trash and staging an interrupted run left behind
             ckpt.remove_leftovers(self.checkpoint_dir)
@@ -229,7 +237,9 @@ class Trainer:
         self.lr_schedule = WarmupLR(
             sch.kind,
             total_steps=self.total_steps,
-            warmup_steps=round(sch.warmup_epochs * self.steps_per_epoch),
+            warmup_steps=warmup_steps(
+                sch.warmup_epochs, sch.warmup_fraction, self.steps_per_epoch, self.total_steps
+            ),
             power=sch.power,
             milestone_steps=[round(m * self.steps_per_epoch) for m in sch.milestones],
             gamma=sch.gamma,
@@ -271,17 +281,21 @@ class Trainer:
             if path is not None:
                 self.load_checkpoint(path)
 
-    def _unused_run_dir(self, base: Path) -> Path:
-        """``base``, or ``base-2``, ``base-3``, ... if a run already wrote there (rank 0 picks)."""
-        choice = [None]
+    def _new_run_dir(self, base: Path) -> Path:
+        """Rank 0 applies ``run.on_exists`` (:mod:`partialfc.train.run_folder`); all ranks get
+        its folder, or its error."""
+        choice = [None, "", None]  # folder, note, error
         if self.ctx.is_main:
-            path, n = base, 1
-            while (path / "metrics.jsonl").exists() or (path / "checkpoints").exists():
-                n += 1
-                path = base.with_name(f"{base.name}-{n}")
-            choice = [str(path)]
+            try:
+                path, note = prepare_run_dir(base, self.cfg.run.on_exists)
+                choice = [str(path), note, None]
+            except RunFolderExistsError as err:
+                choice = [None, "", str(err)]
         if self.ctx.distributed:
             torch.distributed.broadcast_object_list(choice, src=0)
+        if choice[2] is not None:
+            raise RunFolderExistsError(choice[2])
+        self.run_note = choice[1]
         return Path(choice[0])
 
     # ------------------------------------------------------------------ data
@@ -463,6 +477,15 @@ class Trainer:
     # ------------------------------------------------------------------ loop
 
     def fit(self) -> TrainResult:
+        """Train to ``total_steps``; rank 0 holds the run folder's lock meanwhile."""
+        lock = RunLock(self.run_dir).acquire() if self.ctx.is_main else None
+        try:
+            return self._fit()
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _fit(self) -> TrainResult:
         cfg = self.cfg
         is_main = self.ctx.is_main
         if is_main:

@@ -17,6 +17,21 @@ import bisect
 import math
 
 
+def warmup_steps(
+    warmup_epochs: float, warmup_fraction: float, steps_per_epoch: int, total_steps: int
+) -> int:
+    """``W = round(warmup_epochs · steps_per_epoch)``, or ``round(warmup_fraction · T)`` when
+    ``warmup_epochs`` is 0; at most ``T − 1`` (the schedule must leave one step after warm-up).
+
+    A fraction scales with the length of training: 0.05 is 75 of 1,500 steps, 2 of 30.
+    """
+    if warmup_epochs > 0:
+        steps = round(warmup_epochs * steps_per_epoch)
+    else:
+        steps = round(warmup_fraction * total_steps)
+    return max(0, min(steps, total_steps - 1))
+
+
 class WarmupLR:
     """Per-step LR factor. ``milestone_steps`` are only used by ``kind="step"``."""
 

@@ -106,7 +106,7 @@ def test_cli_reports_a_typo_and_exits_2(capsys):
         ("schedule.milestones=[-1]", "schedule.milestones[0] must be a finite number >= 0"),
         ("schedule.gamma=0", "schedule.gamma must be a finite number > 0, got 0.0"),
         ("schedule.power=.nan", "schedule.power must be a finite number >= 0, got nan"),
-        ("schedule.warmup_epochs=30", "warmup_epochs must be a finite number in [0, 20) (below"),
+        ("schedule.warmup_epochs=30", "schedule.warmup_epochs=30 must be below train.epochs=20"),
         ("head.margin.scale=0", "head.margin.scale must be a finite number > 0, got 0.0"),
         ("head.margin.m2_rad=4", "head.margin.m2_rad must be a finite number in [0, 3.14159)"),
         ("head.margin.m3=1", "head.margin.m3 must be a finite number in [0, 1), got 1.0"),
@@ -116,7 +116,13 @@ def test_cli_reports_a_typo_and_exits_2(capsys):
         ("head.num_classes=-1", "head.num_classes must be an integer >= 0, got -1"),
         ("train.epochs=.inf", "train.epochs must be a finite number > 0, got inf"),
         ("train.seed=-1", "train.seed must be an integer in [0, 4294967295], got -1"),
-        ("train.num_threads=-2", "train.num_threads must be an integer >= 0, got -2"),
+        ("train.num_threads=-2", 'train.num_threads must be an integer >= 0 or "auto", got -2'),
+        ("train.num_threads=fast", 'train.num_threads must be an integer >= 0 or "auto"'),
+        (
+            "schedule.warmup_fraction=1",
+            "schedule.warmup_fraction must be a finite number in [0, 1)",
+        ),
+        ("run.on_exists=keep", "run.on_exists='keep': choose one of error, new, overwrite"),
         ("eval.batch_size=0", "eval.batch_size must be null or an integer >= 1, got 0"),
         ("loss.classifier_weight=.inf", "loss.classifier_weight must be a finite number >= 0"),
         (

@@ -94,10 +94,12 @@ def run(args: argparse.Namespace) -> int:
     )
     quality = summary.get("removal_vs_ground_truth")
     if quality:
+        from partialfc.eval.intervals import percent
+
         print(
             f"removed {quality['removed']}: precision {quality['precision']:.3f}, recall "
-            f"{quality['recall']:.3f}; noise {100 * quality['noise_rate_before']:.1f}% -> "
-            f"{100 * quality['noise_rate_after']:.1f}%"
+            f"{quality['recall']:.3f}; noise {percent(quality['noise_rate_before'])} -> "
+            f"{percent(quality['noise_rate_after'])}"
         )
     print(f"report: {Path(args.out) / 'report.json'}; set: {summary.get('cleaned_set')}")
     return 0

@@ -106,8 +106,12 @@ def test_adamw_rejects_out_of_range_hyperparameters(kwargs, message):
 
 def test_adamw_accepts_boundary_hyperparameters():
     pfc = PartialFC(15, D, ArcFaceMargin())
-    for kwargs in ({"betas": (0.0, 0.0)}, {"betas": (0.0, 0.999)}, {"betas": (0.9, 0.0)},
-                   {"weight_decay": 0.0}):
+    for kwargs in (
+        {"betas": (0.0, 0.0)},
+        {"betas": (0.0, 0.999)},
+        {"betas": (0.9, 0.0)},
+        {"weight_decay": 0.0},
+    ):
         opt = RowSparseAdamW(pfc, **kwargs)
         assert all(opt.param_groups[0][k] == v for k, v in kwargs.items())
 
@@ -181,10 +185,14 @@ def _sgd_against_dense_torch_sgd(sgd_kwargs, torch_kwargs, steps=3):
     [
         # documented defaults: momentum 0.9, weight decay 5e-4, no Nesterov
         ({"lr": 0.5}, {"lr": 0.5, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": False}),
-        ({"lr": 0.5, "momentum": 0.0, "weight_decay": 0.0},
-         {"lr": 0.5, "momentum": 0.0, "weight_decay": 0.0}),
-        ({"lr": 0.5, "momentum": 0.5, "weight_decay": 0.1, "nesterov": True},
-         {"lr": 0.5, "momentum": 0.5, "weight_decay": 0.1, "nesterov": True}),
+        (
+            {"lr": 0.5, "momentum": 0.0, "weight_decay": 0.0},
+            {"lr": 0.5, "momentum": 0.0, "weight_decay": 0.0},
+        ),
+        (
+            {"lr": 0.5, "momentum": 0.5, "weight_decay": 0.1, "nesterov": True},
+            {"lr": 0.5, "momentum": 0.5, "weight_decay": 0.1, "nesterov": True},
+        ),
     ],
     ids=["defaults", "plain", "nesterov"],
 )
@@ -204,9 +212,10 @@ def test_sgd_without_momentum_keeps_no_state_and_lr_zero_freezes_the_centers():
     opt.step()
     assert torch.equal(_centers_copy(pfc), before)
     assert opt.tables["momentum_buffer"].data.abs().sum() > 0  # the state still moved
-    assert RowSparseSGD(pfc, lr=0.1, state_dtype=torch.bfloat16).tables[
-        "momentum_buffer"
-    ].data.dtype == torch.bfloat16
+    assert (
+        RowSparseSGD(pfc, lr=0.1, state_dtype=torch.bfloat16).tables["momentum_buffer"].data.dtype
+        == torch.bfloat16
+    )
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,10 @@ def _brute_force_points(genuine, impostor):
 def _brute_force_eer(genuine, impostor):
     """First operating point with FAR >= FRR; the crossing on the segment that reaches it."""
     ng, ni = len(genuine), len(impostor)
-    pts = [(t, Fraction(ni and fa, ni), 1 - Fraction(ta, ng)) for t, ta, fa in
-           _brute_force_points(genuine, impostor)]
+    pts = [
+        (t, Fraction(ni and fa, ni), 1 - Fraction(ta, ng))
+        for t, ta, fa in _brute_force_points(genuine, impostor)
+    ]
     k = next(k for k, (_, far, frr) in enumerate(pts) if far >= frr)
     t, far, frr = pts[k]
     if far == frr:

@@ -318,8 +318,9 @@ def test_documented_defaults_give_the_documented_logits(margin_cls, target_fn):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_normface_is_exactly_scale_times_cos_including_unit_cosines(dtype):
     """No margin means no arccos round trip: bit-identical to ``scale * cos``."""
-    cos = torch.cat([torch.rand(6, 4, dtype=dtype) * 2 - 1, torch.tensor([[1.0, -1.0, 0.0, 1.0]],
-                     dtype=dtype)])
+    cos = torch.cat(
+        [torch.rand(6, 4, dtype=dtype) * 2 - 1, torch.tensor([[1.0, -1.0, 0.0, 1.0]], dtype=dtype)]
+    )
     target = torch.tensor([0, 1, 2, 3, 0, 1, 3])
     for margin in (NormFaceMargin(scale=30.0), CombinedMargin(scale=30.0)):
         got = margin(cos, target)
@@ -365,9 +366,7 @@ def test_angle_and_target_logit_are_float32_for_narrow_input(dtype):
     np.testing.assert_allclose(theta.numpy(), np.arccos(wide.numpy()), rtol=0, atol=2e-6)
     f = ArcFaceMargin(0.5, scale=1.0).target_logit(cos)
     assert f.dtype == torch.float32
-    np.testing.assert_allclose(
-        f.numpy(), np.cos(np.arccos(wide.numpy()) + 0.5), rtol=0, atol=2e-6
-    )
+    np.testing.assert_allclose(f.numpy(), np.cos(np.arccos(wide.numpy()) + 0.5), rtol=0, atol=2e-6)
 
 
 def test_rows_without_target_keep_float32_scaled_cosine_for_bfloat16_input():

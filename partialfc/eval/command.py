@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--omniglot-one-shot", action="store_true", help="Lake's 20-way one-shot runs"
     )
     parser.add_argument(
+        "--omniglot-holdout",
+        metavar="N_OR_NAMES",
+        help="one-shot episodes and all pairs on background alphabets held out of training: "
+        "N (the last N candidates) or comma-separated names, as the model's "
+        "data.holdout_background_alphabets",
+    )
+    parser.add_argument(
         "--omniglot-size",
         type=int,
         default=28,
@@ -75,6 +82,8 @@ def build_protocols(args: argparse.Namespace) -> list:
         protocols.append(OmniglotOpenSet(size=args.omniglot_size))
     if args.omniglot_one_shot:
         protocols.append(OmniglotOneShot(size=args.omniglot_size))
+    if args.omniglot_holdout:
+        protocols.append(_holdout_protocol(args.omniglot_holdout, args.omniglot_size))
     if args.orl is not None:
         protocols.append(Orl(args.orl or None, flip=flip))
     if args.ijb:
@@ -82,6 +91,22 @@ def build_protocols(args: argparse.Namespace) -> list:
     if not protocols:
         raise ValueError("choose at least one protocol (--bin, --lfw-dev, --omniglot, ...)")
     return protocols
+
+
+def _holdout_protocol(spec: str, size: int):
+    """Like the other Omniglot protocols here, without the flip test."""
+    from partialfc.data.omniglot_holdout import resolve_holdout_alphabets
+
+    from .protocols import OmniglotHoldout
+
+    value = int(spec) if spec.strip().isdigit() else [n.strip() for n in spec.split(",")]
+    try:
+        alphabets = resolve_holdout_alphabets(value)
+    except ValueError as err:
+        raise ValueError(f"--omniglot-holdout: {err}") from None
+    if not alphabets:
+        raise ValueError("--omniglot-holdout: 0 holds out no alphabet")
+    return OmniglotHoldout(alphabets, size=size)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -93,6 +93,7 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
 
+    from partialfc.train.data import holdout_alphabets
     from partialfc.train.distributed import setup_distributed
     from partialfc.train.engine import NonFiniteLossError, Trainer
     from partialfc.train.evaluation import Evaluator
@@ -106,6 +107,7 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
             cfg.eval.flip_test,
             cfg.eval.batch_size,
             shift_average_px=cfg.eval.shift_average_px,
+            holdout_alphabets=holdout_alphabets(cfg.data),
         )
     try:
         ctx = setup_distributed(cfg.train.device)

@@ -63,6 +63,10 @@ class DataConfig:
     # 4 = every image turned by 90°, 180° and 270° is an image of a new class (Omniglot's
     # standard class augmentation: 964 -> 3,856 classes); 2 = 180° only; 1 = off
     rotation_classes: int = 1
+    # Omniglot only: background alphabets left out of training for choosing recipe levers on
+    # them (eval protocol omniglot_holdout); a list of names, or N = the last N of
+    # partialfc.data.omniglot_holdout.holdout_candidates(); 0 = none (docs/omniglot_recipe.md)
+    holdout_background_alphabets: int | list[str] = 0
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
 
@@ -232,6 +236,13 @@ def _coerce(value: Any, tp, where: str):
             return None
         raise ConfigError(f"{where}: null is not allowed (expected {_type_name(inner)})")
     origin = typing.get_origin(inner)
+    if origin in (Union, types.UnionType):  # e.g. int | list[str]: the first that fits
+        for option in typing.get_args(inner):
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     if inner is bool:
         if isinstance(value, bool):
             return value
@@ -480,6 +491,7 @@ def validate(cfg: Config) -> Config:
     _validate_model(cfg.model)
     if cfg.data.source != "omniglot" and not cfg.data.path:
         raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
+    _validate_holdout(cfg)
     _validate_loss_and_batches(cfg)
     _validate_head_kind(cfg)
     return cfg
@@ -514,6 +526,27 @@ def _validate_model(model: ModelConfig) -> None:
             )
     if "dropout" in model.kwargs:
         _check("model.kwargs.dropout", model.kwargs["dropout"], _FRACTION)
+
+
+def _validate_holdout(cfg: Config) -> None:
+    """Held-out background alphabets: Omniglot only, valid names or N, and the protocol that
+    evaluates on them needs some."""
+    spec = cfg.data.holdout_background_alphabets
+    key = "data.holdout_background_alphabets"
+    if spec not in (0, []):
+        if cfg.data.source != "omniglot":
+            raise ConfigError(f"{key} needs data.source='omniglot', not {cfg.data.source!r}")
+        from partialfc.data.omniglot_holdout import resolve_holdout_alphabets
+
+        try:
+            resolve_holdout_alphabets(spec)
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
+    elif "omniglot_holdout" in cfg.eval.protocols:
+        raise ConfigError(
+            f"eval.protocols: omniglot_holdout evaluates on the held-out background alphabets; "
+            f"set {key} (a list of names or a number, e.g. 5)"
+        )
 
 
 def _validate_head_kind(cfg: Config) -> None:

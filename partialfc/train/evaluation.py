@@ -6,6 +6,8 @@
 ``omniglot_open_set``       all pairs of the 13,180 Omniglot evaluation images (659 unseen
                             classes): TAR@FAR with k, ROC AUC, EER
 ``omniglot_one_shot``       Lake's 20 runs of 20-way one-shot classification (rank-1)
+``omniglot_holdout``        20-way one-shot episodes and all pairs on the background
+                            alphabets held out of training (``data.holdout_background_alphabets``)
 ``orl``                     ORL faces (shared data folder)
 ``lfw_dev``                 LFW development pairs (shared data folder)
 ``bin:PATH``                an InsightFace ``.bin`` pair file (lfw.bin, cfp_fp.bin, ...)
@@ -16,12 +18,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PROTOCOL_NAMES = ("omniglot_open_set", "omniglot_one_shot", "orl", "lfw_dev", "bin:PATH")
+PROTOCOL_NAMES = (
+    "omniglot_open_set",
+    "omniglot_one_shot",
+    "omniglot_holdout",
+    "orl",
+    "lfw_dev",
+    "bin:PATH",
+)
 
 
-def build_protocols(names: list[str], input_size: int, flip: bool, batch_size: int) -> list:
+def build_protocols(
+    names: list[str], input_size: int, flip: bool, batch_size: int, holdout_alphabets=()
+) -> list:
+    """``holdout_alphabets``: the held-out background alphabets ``omniglot_holdout`` uses."""
     from partialfc.eval.protocols import (
         LfwPairs,
+        OmniglotHoldout,
         OmniglotOneShot,
         OmniglotOpenSet,
         Orl,
@@ -34,6 +47,16 @@ def build_protocols(names: list[str], input_size: int, flip: bool, batch_size: i
             protocols.append(OmniglotOpenSet(size=input_size, flip=flip, batch_size=batch_size))
         elif name == "omniglot_one_shot":
             protocols.append(OmniglotOneShot(size=input_size, flip=flip))
+        elif name == "omniglot_holdout":
+            if not holdout_alphabets:
+                raise ValueError(
+                    "eval.protocols: omniglot_holdout needs data.holdout_background_alphabets"
+                )
+            protocols.append(
+                OmniglotHoldout(
+                    holdout_alphabets, size=input_size, flip=flip, batch_size=batch_size
+                )
+            )
         elif name == "orl":
             protocols.append(Orl(flip=flip))
         elif name == "lfw_dev":
@@ -89,8 +112,9 @@ class Evaluator:
         batch_size: int,
         log=print,
         shift_average_px: int = 0,
+        holdout_alphabets=(),
     ):
-        protocols = build_protocols(names, input_size, flip, batch_size)
+        protocols = build_protocols(names, input_size, flip, batch_size, holdout_alphabets)
         return cls(protocols, log=log, shift_average_px=shift_average_px)
 
     def __call__(self, embed_fn, out_dir: Path, title: str = "Verification", meta=None) -> dict:

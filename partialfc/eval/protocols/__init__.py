@@ -3,7 +3,8 @@
 * :class:`VerificationBin`: InsightFace ``.bin`` sets (LFW, CFP-FP, AgeDB-30, CALFW, CPLFW)
 * :class:`LfwPairs`: LFW ``pairs.txt`` over an image folder/zip (default: LFW dev pairs)
 * :class:`Ijb`: IJB-B/C 1:1 and 1:N from the meta files
-* :class:`OmniglotOpenSet`, :class:`OmniglotOneShot`, :class:`Orl`: bundled/shared real data
+* :class:`OmniglotOpenSet`, :class:`OmniglotOneShot`, :class:`OmniglotHoldout`, :class:`Orl`:
+  bundled/shared real data
 """
 
 from .base import Protocol
@@ -16,7 +17,7 @@ from .ijb import (
     read_landmarks,
     read_template_pairs,
 )
-from .omniglot import OmniglotOneShot, OmniglotOpenSet
+from .omniglot import OmniglotHoldout, OmniglotOneShot, OmniglotOpenSet
 from .orl import Orl
 from .pairs import LfwPairs, VerificationBin
 
@@ -33,6 +34,7 @@ __all__ = [
     "published_results",
     "Ijb",
     "LfwPairs",
+    "OmniglotHoldout",
     "OmniglotOneShot",
     "OmniglotOpenSet",
     "Orl",

@@ -26,12 +26,11 @@ def _episode(enrolled, queries):
 
 
 def test_one_shot_accuracy_on_hand_made_embeddings_equals_a_hand_count():
-    # images 0-2 enrolled at 0, 120, 240 degrees; their queries (3-5) at 10, 250, 235 degrees:
-    # query 3 is nearest to 0 (hit), query 4 (class of 120) is nearest to 240, then 0, then
-    # 120 (rank 3), query 5 is nearest to 240 (hit)
-    # second episode, enrolled 3, 4 (10, 250 degrees), queries 0 (0 -> 10: hit) and 2 (240 ->
-    # 250: hit)
-    emb = _unit([0, 120, 240, 10, 250, 235])
+    # images 0-2 enrolled at 0, 120, 240 degrees; their queries (3-5) at 10, 250, 200 degrees:
+    # query 3 is nearest to 0 (hit); query 4 (class of 120) is nearest to 240, then 0, then
+    # 120 (rank 3); query 5 is nearest to 240 (hit). Second episode: enrolled 3, 4 (10, 250
+    # degrees), queries 0 (at 0, nearest 10: hit) and 2 (at 240, nearest 250: hit)
+    emb = _unit([0, 120, 240, 10, 250, 200])
     episodes = [_episode([0, 1, 2], [3, 4, 5]), _episode([3, 4], [0, 2])]
     ranks = episode_ranks(emb, episodes)
     np.testing.assert_array_equal(ranks, [1, 3, 1, 1, 1])

@@ -32,8 +32,8 @@ import torch
 from torch.utils.data import default_collate
 
 from partialfc.data import ImageFolderDataset, RecordIODataset
-from partialfc.data.arrays import shared_data_root
 from partialfc.data.decode import decode_image, encode_image
+from partialfc.data.loaders import shared_data_root
 from partialfc.data.pack import pack_images
 from partialfc.data.transforms import collate_images
 

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from partialfc.data.align import align_face
-from partialfc.data.arrays import shared_data_root
 from partialfc.data.lfw import LfwImageArchive, read_lfw_pairs
+from partialfc.data.loaders import shared_data_root
 from partialfc.detect import largest_face, load_detector
 from partialfc.eval.accuracy import kfold_accuracy
 from partialfc.eval.roc import roc_auc

@@ -105,14 +105,14 @@ def load_recipe(path: str | Path, overrides: list[str] = ()):
 
     Overrides are ``dotted.key=value`` (``recipe.val_images=colour``, ``train.epochs=2``).
     """
-    from partialfc.train.config import apply_overrides, config_from_dict, validate
+    from partialfc.train.config import (
+        apply_overrides,
+        config_from_dict,
+        read_config_file,
+        validate,
+    )
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping of sections")
+    data = read_config_file(path)
     recipe_data = dict(data.pop("recipe", None) or {})
     engine_overrides = []
     for item in overrides:
@@ -147,14 +147,14 @@ class LfwSplit:
 
 
 def lfw_root(recipe: RecipeConfig) -> Path:
-    from partialfc.data.arrays import shared_data_root
+    from partialfc.data.loaders import shared_data_root
 
     return Path(recipe.data_root) if recipe.data_root else shared_data_root() / "lfw_dev"
 
 
 def load_lfw_names(recipe: RecipeConfig) -> list[str]:
     """Names of every person of the grey development set (folds 1-5)."""
-    from partialfc.data.arrays import load_lfw_gray
+    from partialfc.data.loaders import load_lfw_gray
 
     return load_lfw_gray(lfw_root(recipe), part="dev").identity_names
 
@@ -175,8 +175,8 @@ def build_split(recipe: RecipeConfig) -> LfwSplit:
 
     Raises ValueError when a person would be on both sides (:func:`check_person_disjoint`).
     """
-    from partialfc.data.arrays import load_lfw_gray
     from partialfc.data.lfw import read_lfw_pairs
+    from partialfc.data.loaders import load_lfw_gray
 
     root = lfw_root(recipe)
     dev = load_lfw_gray(root, part="dev")

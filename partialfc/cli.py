@@ -27,17 +27,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pack an image folder or list file into RecordIO .rec/.idx",
     ),
     "unpack": ("partialfc.tools.pack_command", "unpack a RecordIO .rec/.idx into an image folder"),
-    "align": ("partialfc.detect.commands", "detect and align faces: photos -> 112x112 crops"),
-    "export": ("partialfc.deploy.commands", "export a trained backbone to ONNX + safetensors"),
-    "embed": ("partialfc.deploy.commands", "embed a folder of aligned faces or a .rec set"),
-    "verify": ("partialfc.deploy.commands", "score image pairs with a calibrated threshold"),
-    "search": ("partialfc.deploy.commands", "enroll into / search a persistent gallery"),
+    "align": ("partialfc.detect.command", "detect and align faces: photos -> 112x112 crops"),
+    "export": ("partialfc.deploy.command", "export a trained backbone to ONNX + safetensors"),
+    "embed": ("partialfc.deploy.command", "embed a folder of aligned faces or a .rec set"),
+    "verify": ("partialfc.deploy.command", "score image pairs with a calibrated threshold"),
+    "search": ("partialfc.deploy.command", "enroll into / search a persistent gallery"),
     "invert": (
         "partialfc.tools.inversion",
         "synthesize an input from a trained model (model inversion)",
     ),
     "distill": ("partialfc.tools.distillation", "train a small student from a teacher checkpoint"),
-    "clean": ("partialfc.tools.cleaning", "sub-center cleaning of a noisy training set"),
+    "clean": ("partialfc.tools.cleaning.command", "sub-center cleaning of a noisy training set"),
 }
 
 

@@ -144,8 +144,8 @@ class TrainingSet:
 
 def build_training_set(corruption: dict | None, seed: int, tiny: bool) -> TrainingSet:
     """Omniglot background (all 964 classes, or the first 20 when ``tiny``), corrupted."""
-    from partialfc.data.arrays import load_omniglot
     from partialfc.data.corruption import flip_labels, long_tail, split_identities
+    from partialfc.data.loaders import load_omniglot
 
     split = load_omniglot("background", size=28)
     images, labels = split.images, split.labels

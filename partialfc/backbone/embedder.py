@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from partialfc.backbone.embedding import l2_normalize, run_backbone
+from partialfc.backbone.embedding import embed_in_batches, l2_normalize, run_backbone
 from partialfc.backbone.io import METADATA_KEY, WEIGHTS_FILENAME, load_weights
 from partialfc.backbone.spec import SPEC_FILENAME, PreprocessingSpec
 
@@ -137,14 +137,4 @@ class Embedder:
 
         The norm carries quality; templates average these before normalising.
         """
-        images = np.asarray(images)
-        if images.ndim not in (3, 4) or len(images) == 0:
-            raise ValueError(f"images must be a non-empty (N, H, W[, C]) array, got {images.shape}")
-        out = []
-        for start in range(0, len(images), batch_size):
-            batch = images[start : start + batch_size]
-            e = self._raw(batch)
-            if flip:  # the flip test: mirror left-right
-                e = e + self._raw(np.ascontiguousarray(batch[:, :, ::-1]))
-            out.append(e)
-        return np.concatenate(out)
+        return embed_in_batches(self._raw, images, flip=flip, batch_size=batch_size)

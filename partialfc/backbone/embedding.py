@@ -3,7 +3,9 @@
 Every caller that runs a backbone on images goes through :func:`run_backbone` — the trainer's
 evaluation, the :class:`~partialfc.backbone.embedder.Embedder` of deployment and evaluation, the
 cleaning tool — so the model's mode, the autocast and the device are handled in one place.
-:func:`l2_normalize` is the one NumPy row normalisation.
+:func:`embed_in_batches` is the one loop that calls an embed function batch by batch with the
+flip test (evaluation's ``embed_images`` and ``Embedder.embed_raw`` both use it), and
+:func:`l2_normalize` the one NumPy row normalisation.
 """
 
 from __future__ import annotations
@@ -21,6 +23,46 @@ def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
     """Rows divided by their L2 norm (rows of zeros stay zero), float32."""
     x = np.asarray(x, dtype=np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def flip_horizontal(images: np.ndarray) -> np.ndarray:
+    """Mirror ``(N, H, W[, C])`` images left–right."""
+    if images.ndim not in (3, 4):
+        raise ValueError(f"images must be (N, H, W) or (N, H, W, C), got shape {images.shape}")
+    return images[:, :, ::-1]
+
+
+def call_embed_fn(embed_fn: Callable[[np.ndarray], np.ndarray], batch: np.ndarray) -> np.ndarray:
+    """``embed_fn(batch)`` as float32, checked to be ``(len(batch), d)``."""
+    e = np.asarray(embed_fn(batch), dtype=np.float32)
+    if e.ndim != 2 or e.shape[0] != batch.shape[0]:
+        raise ValueError(f"embed function returned shape {e.shape} for {batch.shape[0]} images")
+    return e
+
+
+def embed_in_batches(
+    embed_fn: Callable[[np.ndarray], np.ndarray],
+    images: np.ndarray,
+    flip: bool = False,
+    batch_size: int = 256,
+) -> np.ndarray:
+    """Raw float32 ``(N, d)`` embeddings: ``embed_fn`` on ``batch_size`` images at a time.
+
+    With ``flip=True`` (the flip test) row ``i`` is ``e(x_i) + e(mirror(x_i))``, the sum of
+    the raw embeddings of the image and of its left–right mirror; normalising it gives the
+    flip-test embedding. Defaults: no flip, 256 images per call.
+    """
+    images = np.asarray(images)
+    if images.ndim not in (3, 4) or len(images) == 0:
+        raise ValueError(f"images must be a non-empty (N, H, W[, C]) array, got {images.shape}")
+    out = []
+    for start in range(0, len(images), batch_size):
+        batch = images[start : start + batch_size]
+        e = call_embed_fn(embed_fn, batch)
+        if flip:
+            e = e + call_embed_fn(embed_fn, np.ascontiguousarray(flip_horizontal(batch)))
+        out.append(e)
+    return np.concatenate(out)
 
 
 def as_nchw(images: np.ndarray | torch.Tensor) -> torch.Tensor:

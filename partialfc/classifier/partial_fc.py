@@ -69,6 +69,7 @@ from partialfc.classifier.storage import (
 from partialfc.losses.contract import Head, OptimizerSettings
 from partialfc.losses.margins import CombinedMargin
 from partialfc.losses.subcenter import max_over_subcenters
+from partialfc.losses.validation import embeddings_and_labels_error
 
 __all__ = ["PartialFC", "ActiveRows", "init_center_rows"]
 
@@ -503,31 +504,6 @@ class PartialFC(Head):
             return self.weight.detach().float().clone()
         return self.centers.rows_float32(0, self.local_num_rows)
 
-    def _validate_local(self, embeddings: Tensor, labels: Tensor) -> str | None:
-        if not isinstance(embeddings, Tensor) or embeddings.dim() != 2:
-            return f"local_embeddings must be a 2-D tensor (b, {self.embedding_dim})"
-        if embeddings.shape[1] != self.embedding_dim:
-            return (
-                f"local_embeddings has dimension {embeddings.shape[1]}, "
-                f"expected embedding_dim={self.embedding_dim}"
-            )
-        if not embeddings.is_floating_point():
-            return f"local_embeddings must be floating point, got {embeddings.dtype}"
-        if not isinstance(labels, Tensor) or labels.dim() != 1:
-            return "local_labels must be a 1-D integer tensor"
-        if labels.dtype.is_floating_point or labels.dtype == torch.bool:
-            return f"local_labels must be an integer tensor, got {labels.dtype}"
-        if labels.shape[0] != embeddings.shape[0]:
-            return (
-                f"local_labels has {labels.shape[0]} entries for {embeddings.shape[0]} embeddings"
-            )
-        if labels.numel():
-            lo, hi = int(labels.min()), int(labels.max())
-            if lo < 0 or hi >= self.num_classes:
-                bad = lo if lo < 0 else hi
-                return f"local_labels contains {bad}, outside [0, num_classes={self.num_classes})"
-        return None
-
     def _select_active_classes(self, labels_all: Tensor) -> Tensor:
         start, stop = self.block.start, self.block.stop
         local = labels_all[(labels_all >= start) & (labels_all < stop)] - start
@@ -541,7 +517,16 @@ class PartialFC(Head):
     # ------------------------------------------------------------------ forward
     def forward(self, local_embeddings: Tensor, local_labels: Tensor) -> Tensor:
         """Global-batch mean margin-softmax loss over the sampled union of active centers."""
-        error = self._validate_local(local_embeddings, local_labels)
+        # NaN/inf embeddings are let through: the loss is then non-finite, and the trainer
+        # skips such steps (train.max_nonfinite_steps)
+        error = embeddings_and_labels_error(
+            local_embeddings,
+            local_labels,
+            self.embedding_dim,
+            self.num_classes,
+            names=("local_embeddings", "local_labels"),
+            check_finite=False,
+        )
         b = local_embeddings.shape[0] if error is None else 0
         info = all_gather_sizes([b, 0 if error is None else 1], self.device, self.process_group)
         bad_ranks = [r for r in range(info.shape[0]) if int(info[r, 1])]

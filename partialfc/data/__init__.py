@@ -1,17 +1,7 @@
-"""Data: RecordIO, image folders, list files, verification .bin pairs, .npz arrays, alignment,
+"""Data: RecordIO, image folders, list files, verification .bin pairs, .npz set loaders, alignment,
 transforms, samplers and controlled corruption. Datasets yield (uint8 C×H×W RGB tensor, label)."""
 
 from partialfc.data.align import ARCFACE_TEMPLATE_112, align_face, umeyama_similarity
-from partialfc.data.arrays import (
-    FaceSet,
-    OmniglotSet,
-    OneShotRun,
-    check_contiguous_labels,
-    load_lfw_gray,
-    load_omniglot,
-    load_omniglot_one_shot_runs,
-    load_orl,
-)
 from partialfc.data.corruption import (
     CorruptedDataset,
     Corruption,
@@ -29,6 +19,16 @@ from partialfc.data.datasets import (
 )
 from partialfc.data.decode import decode_image, encode_image
 from partialfc.data.lfw import LfwImageArchive, VerificationPairs, read_lfw_pairs
+from partialfc.data.loaders import (
+    FaceSet,
+    OmniglotSet,
+    OneShotRun,
+    check_contiguous_labels,
+    load_lfw_gray,
+    load_omniglot,
+    load_omniglot_one_shot_runs,
+    load_orl,
+)
 from partialfc.data.pack import pack_images, unpack_records
 from partialfc.data.recordio import (
     IRHeader,

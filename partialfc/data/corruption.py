@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from partialfc.data.arrays import check_contiguous_labels
+from partialfc.data.loaders import check_contiguous_labels
 
 
 @dataclass

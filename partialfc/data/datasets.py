@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from partialfc.data.arrays import check_contiguous_labels
 from partialfc.data.decode import IMAGE_EXTENSIONS, decode_image, to_chw_tensor
+from partialfc.data.loaders import check_contiguous_labels
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 

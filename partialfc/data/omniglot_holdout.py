@@ -38,7 +38,7 @@ def holdout_candidates(
 
 def _background_character_counts(root) -> dict[str, int]:
     """``{alphabet: number of characters}`` of the background set, in alphabet-index order."""
-    from .arrays import BUNDLED_OMNIGLOT, _load_npz, _npz_path
+    from .loaders import BUNDLED_OMNIGLOT, _load_npz, _npz_path
 
     data = _load_npz(_npz_path(root, BUNDLED_OMNIGLOT, "omniglot_28.npz"))
     names = [str(a) for a in data["alphabet_names"]]
@@ -94,8 +94,22 @@ def resolve_holdout_alphabets(
     return list(spec)
 
 
+def holdout_alphabets_from_text(text: str, where: str) -> list[str]:
+    """``"5"`` or ``"N_Ko,Tifinagh"`` (a protocol argument or a command-line value) resolved
+    by :func:`resolve_holdout_alphabets`; ValueError naming ``where``, also for none."""
+    text = str(text).strip()
+    spec = int(text) if text.isdigit() else [name.strip() for name in text.split(",")]
+    try:
+        alphabets = resolve_holdout_alphabets(spec)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    if not alphabets:
+        raise ValueError(f"{where}: 0 holds out no alphabet")
+    return alphabets
+
+
 def _evaluation_alphabets(root) -> set[str]:
-    from .arrays import BUNDLED_OMNIGLOT, _load_npz, _npz_path
+    from .loaders import BUNDLED_OMNIGLOT, _load_npz, _npz_path
 
     data = _load_npz(_npz_path(root, BUNDLED_OMNIGLOT, "omniglot_28.npz"))
     names = [str(a) for a in data["alphabet_names"]]

@@ -28,8 +28,8 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from partialfc.data.arrays import check_contiguous_labels
 from partialfc.data.decode import decode_image, encode_image, image_extension
+from partialfc.data.loaders import check_contiguous_labels
 from partialfc.data.recordio import IRHeader, RecordIODataset, RecordIOWriter, pack_record
 
 

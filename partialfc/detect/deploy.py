@@ -36,7 +36,7 @@ class PhotoEmbeddings:
 
 
 def _aligned(embedder, paths, labels, args, desc: str | None) -> AlignedPhotos:
-    from partialfc.detect.commands import detector_from_args
+    from partialfc.detect.command import detector_from_args
 
     spec = embedder.spec
     height, width = spec.input_size

@@ -5,6 +5,8 @@ Plain numpy in, typed results (dataclasses with ``.to_dict()``) out; every rate 
 counts behind it.
 """
 
+from partialfc.backbone.embedding import flip_horizontal
+
 from .accuracy import (
     AccuracyAtThreshold,
     KFoldAccuracy,
@@ -15,7 +17,6 @@ from .accuracy import (
 )
 from .embedding import (
     embed_images,
-    flip_horizontal,
     l2_normalize,
     resize_images,
     with_input_size,

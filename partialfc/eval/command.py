@@ -55,8 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
     parser.add_argument("--ijb", metavar="ROOT", help="IJB-B/C folder with meta/ and loose_crop/")
     parser.add_argument("--ijb-name", default="IJBC", choices=("IJBB", "IJBC"))
-    parser.add_argument("--no-flip", action="store_true", help="disable the flip test")
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--no-flip",
+        action="store_true",
+        help="disable the flip test (default: on for faces, off for Omniglot)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="images per embedding call; default: each protocol's (256)",
+    )
     parser.add_argument(
         "--shift-average",
         type=int,
@@ -67,46 +76,48 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
 
 
-def build_protocols(args: argparse.Namespace) -> list:
-    from .protocols import Ijb, LfwPairs, OmniglotOneShot, OmniglotOpenSet, Orl, VerificationBin
-
-    flip = not args.no_flip
-    protocols = [VerificationBin(p, flip=flip, batch_size=args.batch_size) for p in args.bin]
+def protocol_specs(args: argparse.Namespace) -> list[str]:
+    """The flags as protocol names of :data:`partialfc.eval.protocols.registry.PROTOCOLS`."""
     if bool(args.lfw_pairs) != bool(args.lfw_images):
         raise ValueError("--lfw-pairs and --lfw-images go together")
+    specs = [f"bin:{path}" for path in args.bin]
     if args.lfw_pairs:
-        protocols.append(LfwPairs(args.lfw_pairs, args.lfw_images, flip=flip))
+        specs.append(f"lfw_pairs:{args.lfw_pairs},{args.lfw_images}")
     if args.lfw_dev:
-        protocols.append(LfwPairs(flip=flip))
+        specs.append("lfw_dev")
     if args.omniglot:
-        protocols.append(OmniglotOpenSet(size=args.omniglot_size))
+        specs.append("omniglot_open_set")
     if args.omniglot_one_shot:
-        protocols.append(OmniglotOneShot(size=args.omniglot_size))
+        specs.append("omniglot_one_shot")
     if args.omniglot_holdout:
-        protocols.append(_holdout_protocol(args.omniglot_holdout, args.omniglot_size))
+        from partialfc.data.omniglot_holdout import holdout_alphabets_from_text
+
+        alphabets = holdout_alphabets_from_text(args.omniglot_holdout, "--omniglot-holdout")
+        specs.append("omniglot_holdout:" + ",".join(alphabets))
     if args.orl is not None:
-        protocols.append(Orl(args.orl or None, flip=flip))
+        specs.append(f"orl:{args.orl}" if args.orl else "orl")
     if args.ijb:
-        protocols.append(Ijb(args.ijb, name=args.ijb_name, flip=flip))
-    if not protocols:
+        specs.append(f"{args.ijb_name.lower()}:{args.ijb}")
+    if not specs:
         raise ValueError("choose at least one protocol (--bin, --lfw-dev, --omniglot, ...)")
-    return protocols
+    return specs
 
 
-def _holdout_protocol(spec: str, size: int):
-    """Like the other Omniglot protocols here, without the flip test."""
-    from partialfc.data.omniglot_holdout import resolve_holdout_alphabets
+def build_protocols(args: argparse.Namespace) -> list:
+    """The protocols the flags ask for, with the defaults of the one protocol table
+    (``--no-flip`` turns the flip test off everywhere; ``--batch-size`` overrides)."""
+    from .protocols.registry import build_protocol
 
-    from .protocols import OmniglotHoldout
-
-    value = int(spec) if spec.strip().isdigit() else [n.strip() for n in spec.split(",")]
-    try:
-        alphabets = resolve_holdout_alphabets(value)
-    except ValueError as err:
-        raise ValueError(f"--omniglot-holdout: {err}") from None
-    if not alphabets:
-        raise ValueError("--omniglot-holdout: 0 holds out no alphabet")
-    return OmniglotHoldout(alphabets, size=size)
+    flip = False if args.no_flip else None
+    return [
+        build_protocol(
+            spec,
+            flip=flip,
+            batch_size=args.batch_size,
+            size=args.omniglot_size if spec.startswith("omniglot") else None,
+        )
+        for spec in protocol_specs(args)
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         title=f"Evaluation of {args.model}",
         meta={
             "model": str(args.model),
-            "flip_test": not args.no_flip,
+            "flip_test": {p.name: bool(p.flip) for p in protocols},
             "shift_average_px": args.shift_average,
         },
     )

@@ -1,4 +1,6 @@
-"""Calling an embedding function: batching, the flip test, L2 normalisation.
+"""Calling an embedding function for evaluation: the flip test, resizing, shift averaging.
+
+The batching and flip loop is :func:`partialfc.backbone.embedding.embed_in_batches`.
 
 An *embed function* maps ``uint8`` images ``(N, H, W)`` or ``(N, H, W, C)`` to an ``(N, d)``
 array. ``partialfc.backbone.embedder.Embedder.embed`` is one; so is any Python callable.
@@ -10,16 +12,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from partialfc.backbone.embedding import l2_normalize
+from partialfc.backbone.embedding import (
+    call_embed_fn,
+    embed_in_batches,
+    l2_normalize,
+)
 
 EmbedFn = Callable[[np.ndarray], np.ndarray]
-
-
-def flip_horizontal(images: np.ndarray) -> np.ndarray:
-    """Mirror ``(N, H, W[, C])`` images left–right."""
-    if images.ndim not in (3, 4):
-        raise ValueError(f"images must be (N, H, W) or (N, H, W, C), got shape {images.shape}")
-    return images[:, :, ::-1]
 
 
 def embed_images(
@@ -38,24 +37,8 @@ def embed_images(
     images = np.asarray(images)
     if images.dtype != np.uint8:
         raise ValueError(f"images must be uint8, got {images.dtype}")
-    if images.ndim not in (3, 4) or len(images) == 0:
-        raise ValueError(f"images must be a non-empty (N, H, W[, C]) array, got {images.shape}")
-    out = []
-    for start in range(0, len(images), batch_size):
-        batch = images[start : start + batch_size]
-        e = _call(embed_fn, batch)
-        if flip:
-            e = e + _call(embed_fn, np.ascontiguousarray(flip_horizontal(batch)))
-        out.append(e)
-    out = np.concatenate(out)
+    out = embed_in_batches(embed_fn, images, flip=flip, batch_size=batch_size)
     return l2_normalize(out) if normalize else out
-
-
-def _call(embed_fn: EmbedFn, batch: np.ndarray) -> np.ndarray:
-    e = np.asarray(embed_fn(batch), dtype=np.float32)
-    if e.ndim != 2 or e.shape[0] != batch.shape[0]:
-        raise ValueError(f"embed function returned shape {e.shape} for {batch.shape[0]} images")
-    return e
 
 
 def resize_images(images: np.ndarray, size_hw: tuple[int, int]) -> np.ndarray:
@@ -116,7 +99,7 @@ def with_shift_averaging(embed_fn: EmbedFn, shift_px: int) -> EmbedFn:
         total = None
         for dy, dx in offsets:
             copy = images if (dy, dx) == (0, 0) else shift_image_batch(images, dy, dx)
-            e = l2_normalize(_call(embed_fn, copy))
+            e = l2_normalize(call_embed_fn(embed_fn, copy))
             total = e if total is None else total + e
         return total / len(offsets)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from partialfc.losses._validation import check_embeddings_and_labels
 from partialfc.losses.contract import Head, stats_as_floats
 from partialfc.losses.triplet import squared_distances
+from partialfc.losses.validation import check_embeddings_and_labels
 
 __all__ = ["ContrastiveLoss", "ContrastiveStats"]
 

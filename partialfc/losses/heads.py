@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from partialfc.losses._validation import check_embeddings_and_labels, check_positive_int
 from partialfc.losses.contract import Head
 from partialfc.losses.margin_softmax import margin_cross_entropy, normalized_margin_cross_entropy
 from partialfc.losses.margins import CombinedMargin, angle_from_cos
 from partialfc.losses.penalties import inter_angular_penalty, intra_angular_penalty
 from partialfc.losses.subcenter import max_over_subcenters
+from partialfc.losses.validation import check_embeddings_and_labels, check_positive_int
 
 __all__ = ["MarginSoftmaxHead", "SoftmaxHead", "SubcenterAssignment"]
 

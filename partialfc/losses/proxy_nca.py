@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from partialfc.losses._validation import check_embeddings_and_labels, check_positive_int
 from partialfc.losses.contract import Head
+from partialfc.losses.validation import check_embeddings_and_labels, check_positive_int
 
 __all__ = ["ProxyNCALoss", "ProxyNCAStats"]
 

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from partialfc.losses._validation import check_embeddings_and_labels
 from partialfc.losses.contract import Head, stats_as_floats
+from partialfc.losses.validation import check_embeddings_and_labels
 
 __all__ = ["TripletLoss", "TripletStats", "Triplets", "squared_distances"]
 

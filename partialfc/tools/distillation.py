@@ -205,29 +205,23 @@ def load_teacher(spec: str, device="cpu") -> tuple[nn.Module, Tensor, int, dict]
     ``centers`` is the full ``(C · K, d)`` float32 center table of its head (any kind with
     class centers: Partial FC, margin-softmax, softmax, ProxyNCA).
     """
-    import json
     from pathlib import Path
 
     from partialfc.backbone.io import load_backbone_from_checkpoint
-    from partialfc.train.builders import build_head
+    from partialfc.train.builders import load_trained_head
     from partialfc.train.checkpoint import resolve_checkpoint
-    from partialfc.train.config import config_from_dict
 
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"teacher {spec!r}: no such run folder or checkpoint")
     path = resolve_checkpoint(spec, path)
-    meta = json.loads((path / "meta.json").read_text())
-    cfg = config_from_dict(meta["config"], f"{path}/meta.json")
     backbone, model_config = load_backbone_from_checkpoint(path)
-    head, _ = build_head(
-        cfg.head, cfg.model.embedding_dim, int(meta["num_classes"]), 0, torch.device(device)
-    )
-    head.load_state(path / "head")
+    head, cfg = load_trained_head(path, device)
     centers = head.class_centers()
     if centers is None:
         raise ValueError(f"teacher {spec!r}: its head (head.kind={cfg.head.kind!r}) has no centers")
-    info = {"checkpoint": str(path), "model": model_config, "num_classes": meta["num_classes"]}
+    num_classes = centers.shape[0] // head.num_subcenters
+    info = {"checkpoint": str(path), "model": model_config, "num_classes": num_classes}
     return backbone.to(device), centers, head.num_subcenters, info
 
 

@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
 
     from partialfc.atomic import atomic_write_bytes
     from partialfc.backbone.embedder import Embedder, TorchBackend
-    from partialfc.deploy.commands import read_images
+    from partialfc.deploy.command import read_images
     from partialfc.ranges import Range, check_options
 
     try:

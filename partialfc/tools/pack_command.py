@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             action="store_true",
             help="list file: map sorted distinct labels to 0..K-1",
         )
-        from partialfc.detect.commands import add_detect_arguments
+        from partialfc.detect.command import add_detect_arguments
 
         add_detect_arguments(parser)  # --detect: align photos (to --resize or 112) first
     else:
@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         },
     )
     if args.detect:
-        from partialfc.detect.commands import aligned_copy
+        from partialfc.detect.command import aligned_copy
 
         with aligned_copy(args.source, args, size=args.resize or 112) as (folder, aligned):
             args.resize = None  # the crops already have the requested size

@@ -150,6 +150,31 @@ def build_head(
     return head, head.angular_margin()
 
 
+def load_trained_head(checkpoint, device="cpu"):
+    """``(head, cfg)`` of a training checkpoint directory (``meta.json`` + ``head/``): the head
+    that ``head.kind`` of its config builds, holding the saved state (written on any number of
+    ranks). Tools read what they need through the head contract, e.g. ``head.class_centers()``.
+    """
+    import json
+    from pathlib import Path
+
+    from partialfc.train.config import config_from_dict
+
+    path = Path(checkpoint)
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{path}: not a training checkpoint (no meta.json)")
+    meta = json.loads(meta_path.read_text())
+    try:
+        cfg = config_from_dict(meta["config"], str(meta_path))
+        num_classes = int(meta["num_classes"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{meta_path}: incomplete, no {err}") from None
+    head, _ = build_head(cfg.head, cfg.model.embedding_dim, num_classes, 0, torch.device(device))
+    head.load_state(path / "head")
+    return head, cfg
+
+
 def _split_decay(backbone: nn.Module):
     """Weight decay on weights of conv/linear layers only (not on biases, norms, PReLU slopes)."""
     decay, no_decay = [], []

@@ -175,13 +175,13 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
-    """Verification sets (names understood by ``partialfc.eval``)."""
+    """Verification sets, named as in ``partialfc.eval.protocols.registry.PROTOCOLS``."""
 
     protocols: list[str] = field(default_factory=list)
     every_steps: int = 0  # periodic verification; 0 = only at the end
     at_end: bool = True
-    batch_size: int = 256
-    flip_test: bool = False
+    batch_size: int | None = None  # None = each protocol's default (256)
+    flip_test: bool | None = None  # None = each protocol's default (faces on, Omniglot off)
     # test-time augmentation: average the embeddings of each image and of its copies moved
     # this many pixels up/down/left/right (0 = off; 5x the embedding cost)
     shift_average_px: int = 0
@@ -354,21 +354,24 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or start from defaults when ``path`` is None) and apply overrides."""
-    data: dict = {}
-    source = "defaults"
-    if path is not None:
-        path = Path(path)
-        source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = read_config_file(path) if path is not None else {}
     apply_overrides(data, list(overrides or []))
-    return validate(config_from_dict(data, source))
+    return validate(config_from_dict(data, str(path) if path is not None else "defaults"))
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The YAML mapping of sections in ``path``, unchecked (:func:`load_config` checks it;
+    a script with sections of its own pops them first)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
 
 
 _CHOICES = {
@@ -441,7 +444,7 @@ _RANGES = {
     "checkpoint.every_steps": _INT_0,
     "checkpoint.keep_last": _INT_1,
     "eval.every_steps": _INT_0,
-    "eval.batch_size": _INT_1,
+    "eval.batch_size": Range(1, integer=True, optional=True),
 }
 
 
@@ -489,6 +492,7 @@ def validate(cfg: Config) -> Config:
             f"{cfg.data.input_size}, got {cfg.data.augment.crop_padding}"
         )
     _validate_model(cfg.model)
+    _validate_protocols(cfg.eval)
     if cfg.data.source != "omniglot" and not cfg.data.path:
         raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
     _validate_holdout(cfg)
@@ -528,25 +532,53 @@ def _validate_model(model: ModelConfig) -> None:
         _check("model.kwargs.dropout", model.kwargs["dropout"], _FRACTION)
 
 
+def _validate_protocols(cfg: EvalConfig) -> None:
+    from partialfc.eval.protocols.registry import parse_protocol
+
+    for i, spec in enumerate(cfg.protocols):
+        try:
+            parse_protocol(spec, f"eval.protocols[{i}]")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+
 def _validate_holdout(cfg: Config) -> None:
     """Held-out background alphabets: Omniglot only, valid names or N, and the protocol that
     evaluates on them needs some."""
+    from partialfc.data.omniglot_holdout import (
+        holdout_alphabets_from_text,
+        resolve_holdout_alphabets,
+    )
+
     spec = cfg.data.holdout_background_alphabets
     key = "data.holdout_background_alphabets"
     if spec not in (0, []):
         if cfg.data.source != "omniglot":
             raise ConfigError(f"{key} needs data.source='omniglot', not {cfg.data.source!r}")
-        from partialfc.data.omniglot_holdout import resolve_holdout_alphabets
-
         try:
             resolve_holdout_alphabets(spec)
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
-    elif "omniglot_holdout" in cfg.eval.protocols:
-        raise ConfigError(
-            f"eval.protocols: omniglot_holdout evaluates on the held-out background alphabets; "
-            f"set {key} (a list of names or a number, e.g. 5)"
-        )
+    for i, name in enumerate(cfg.eval.protocols):
+        kind, _, argument = name.partition(":")
+        if kind != "omniglot_holdout":
+            continue
+        where = f"eval.protocols[{i}]"
+        if spec in (0, []):
+            raise ConfigError(
+                f"{where}: omniglot_holdout evaluates on the held-out background alphabets; "
+                f"set {key} (a list of names or a number, e.g. 5)"
+            )
+        if argument:
+            try:
+                named = holdout_alphabets_from_text(argument, where)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            if sorted(named) != sorted(resolve_holdout_alphabets(spec)):
+                raise ConfigError(
+                    f"{where}: {name!r} is not the held-out set of {key}; write "
+                    "omniglot_holdout without an argument"
+                )
 
 
 def _validate_head_kind(cfg: Config) -> None:

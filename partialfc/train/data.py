@@ -88,8 +88,8 @@ def holdout_alphabets(cfg: DataConfig) -> list[str]:
 
 def _build_source(cfg: DataConfig):
     if cfg.source == "omniglot":
-        from partialfc.data.arrays import load_omniglot
         from partialfc.data.datasets import ArrayDataset
+        from partialfc.data.loaders import load_omniglot
 
         held_out = holdout_alphabets(cfg)
         try:

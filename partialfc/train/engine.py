@@ -48,6 +48,7 @@ from partialfc.autograd import scale_gradient
 from partialfc.backbone import io as backbone_io
 from partialfc.backbone.embedding import embed_array
 from partialfc.backbone.pixels import normalize_batch
+from partialfc.eval.protocols.registry import DEFAULT_BATCH_SIZE
 from partialfc.train import checkpoint as ckpt
 from partialfc.train.builders import (
     build_backbone,
@@ -504,7 +505,7 @@ class Trainer:
         (:func:`partialfc.backbone.embedding.embed_array`, the training precision)."""
         device = self.ctx.device
         backbone = self.backbone
-        bs = batch_size or self.cfg.eval.batch_size
+        bs = batch_size or self.cfg.eval.batch_size or DEFAULT_BATCH_SIZE
 
         def embed(images: np.ndarray) -> np.ndarray:
             return embed_array(backbone, images, bs, device, self.autocast_dtype)

@@ -1,72 +1,34 @@
 """Verification during and after training, through :mod:`partialfc.eval`.
 
-``eval.protocols`` in the config names the sets:
-
-==========================  ==============================================================
-``omniglot_open_set``       all pairs of the 13,180 Omniglot evaluation images (659 unseen
-                            classes): TAR@FAR with k, ROC AUC, EER
-``omniglot_one_shot``       Lake's 20 runs of 20-way one-shot classification (rank-1)
-``omniglot_holdout``        20-way one-shot episodes and all pairs on the background
-                            alphabets held out of training (``data.holdout_background_alphabets``)
-``orl``                     ORL faces (shared data folder)
-``lfw_dev``                 LFW development pairs (shared data folder)
-``bin:PATH``                an InsightFace ``.bin`` pair file (lfw.bin, cfp_fp.bin, ...)
-==========================  ==============================================================
+``eval.protocols`` in the config names the sets as the one protocol table does
+(:data:`partialfc.eval.protocols.registry.PROTOCOLS`, the same names ``partialfc eval``
+builds from its flags): ``omniglot_open_set``, ``omniglot_one_shot``, ``orl[:ROOT]``,
+``lfw_dev``, ``lfw_pairs:PAIRS_TXT,IMAGES``, ``bin:PATH``, ``ijbb:ROOT``, ``ijbc:ROOT``, and
+``omniglot_holdout``, whose alphabets come from ``data.holdout_background_alphabets``.
+``eval.flip_test`` and ``eval.batch_size`` left at null keep each protocol's defaults; the
+Omniglot sets are read, and IJB faces aligned, at ``data.input_size``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-PROTOCOL_NAMES = (
-    "omniglot_open_set",
-    "omniglot_one_shot",
-    "omniglot_holdout",
-    "orl",
-    "lfw_dev",
-    "bin:PATH",
-)
-
 
 def build_protocols(
-    names: list[str], input_size: int, flip: bool, batch_size: int, holdout_alphabets=()
+    names: list[str],
+    input_size: int,
+    flip: bool | None = None,
+    batch_size: int | None = None,
+    holdout_alphabets=(),
 ) -> list:
-    """``holdout_alphabets``: the held-out background alphabets ``omniglot_holdout`` uses."""
-    from partialfc.eval.protocols import (
-        LfwPairs,
-        OmniglotHoldout,
-        OmniglotOneShot,
-        OmniglotOpenSet,
-        Orl,
-        VerificationBin,
-    )
+    """The protocols of ``eval.protocols`` (ValueError naming the key for an unknown name);
+    a bare ``omniglot_holdout`` evaluates on ``holdout_alphabets`` (the held-out ones)."""
+    from partialfc.eval.protocols.registry import build_protocols as build
 
-    protocols = []
-    for name in names:
-        if name == "omniglot_open_set":
-            protocols.append(OmniglotOpenSet(size=input_size, flip=flip, batch_size=batch_size))
-        elif name == "omniglot_one_shot":
-            protocols.append(OmniglotOneShot(size=input_size, flip=flip))
-        elif name == "omniglot_holdout":
-            if not holdout_alphabets:
-                raise ValueError(
-                    "eval.protocols: omniglot_holdout needs data.holdout_background_alphabets"
-                )
-            protocols.append(
-                OmniglotHoldout(
-                    holdout_alphabets, size=input_size, flip=flip, batch_size=batch_size
-                )
-            )
-        elif name == "orl":
-            protocols.append(Orl(flip=flip))
-        elif name == "lfw_dev":
-            protocols.append(LfwPairs(flip=flip))
-        elif name.startswith("bin:"):
-            protocols.append(VerificationBin(name[4:], flip=flip, batch_size=batch_size))
-        else:
-            choices = ", ".join(PROTOCOL_NAMES)
-            raise ValueError(f"eval.protocols: unknown protocol {name!r}; choose from {choices}")
-    return protocols
+    if holdout_alphabets:
+        held_out = "omniglot_holdout:" + ",".join(holdout_alphabets)
+        names = [held_out if name == "omniglot_holdout" else name for name in names]
+    return build(names, flip, batch_size, input_size, where="eval.protocols")
 
 
 def summarize(reports: list) -> dict:
@@ -108,8 +70,8 @@ class Evaluator:
         cls,
         names: list[str],
         input_size: int,
-        flip: bool,
-        batch_size: int,
+        flip: bool | None = None,
+        batch_size: int | None = None,
         log=print,
         shift_average_px: int = 0,
         holdout_alphabets=(),

@@ -110,3 +110,28 @@ def test_register_model_adds_a_name_that_build_model_knows():
             register_model("test_linear_8")(lambda **kwargs: None)
     finally:
         del MODELS["test_linear_8"]
+
+
+def test_one_flip_loop_serves_the_embedder_and_evaluation():
+    from partialfc.backbone.embedder import Embedder
+    from partialfc.backbone.embedding import embed_in_batches
+    from partialfc.eval.embedding import embed_images
+
+    torch.manual_seed(0)
+    model = build_model(CONFIG["name"], **CONFIG["kwargs"])
+    embedder = Embedder.from_module(model, PreprocessingSpec.from_model_config(CONFIG))
+    images = np.random.default_rng(0).integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    # independently: one image at a time, the mirror taken by hand
+    expected = np.stack(
+        [
+            embed_array(model, images[i : i + 1]) + embed_array(model, images[i : i + 1, :, ::-1])
+            for i in range(5)
+        ]
+    )[:, 0]
+    raw = embedder.embed_raw(images, flip=True, batch_size=2)
+    np.testing.assert_allclose(raw, expected, rtol=1e-5, atol=1e-5)
+    evaluated = embed_images(embedder._raw, images, flip=True, batch_size=2, normalize=False)
+    np.testing.assert_array_equal(evaluated, raw)
+    assert embed_in_batches(embedder._raw, images, batch_size=3).shape == (5, 8)
+    with pytest.raises(ValueError, match="returned shape"):
+        embed_in_batches(lambda b: np.zeros((1, 8)), images, batch_size=2)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from partialfc.data.arrays import load_omniglot
+from partialfc.data.loaders import load_omniglot
 from partialfc.data.omniglot_holdout import (
     build_one_shot_episodes,
     holdout_candidates,

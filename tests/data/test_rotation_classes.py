@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from partialfc.data.arrays import load_omniglot
 from partialfc.data.datasets import ArrayDataset, QuarterTurnClasses
+from partialfc.data.loaders import load_omniglot
 from partialfc.train.config import ConfigError, load_config
 from partialfc.train.data import build_train_set
 

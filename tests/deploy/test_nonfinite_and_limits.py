@@ -13,7 +13,7 @@ import pytest
 
 from partialfc.cli import main
 from partialfc.deploy import Embedder, Gallery, GalleryFileError, calibrate, decide
-from partialfc.deploy import commands as deploy_commands
+from partialfc.deploy import command as deploy_command
 from partialfc.deploy.verify import CalibratedThreshold, threshold_from_impostors
 
 
@@ -69,7 +69,7 @@ def nan_model(small_model, monkeypatch):
     model, spec = small_model
     embedder = Embedder.from_module(model, spec)
     embedder.backend = BlankIsNaN(embedder.backend)
-    monkeypatch.setattr(deploy_commands, "_load", lambda args: embedder)
+    monkeypatch.setattr(deploy_command, "_load", lambda args: embedder)
     return embedder
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from partialfc.data.arrays import load_omniglot
+from partialfc.data.loaders import load_omniglot
 from partialfc.data.omniglot_holdout import OneShotEpisode, build_one_shot_episodes
 from partialfc.eval.protocols import OmniglotHoldout
 from partialfc.eval.protocols.omniglot import episode_ranks
@@ -88,3 +88,15 @@ def test_the_eval_command_refuses_a_bad_holdout_naming_the_option():
     assert protocol.alphabets == ["N_Ko", "Tifinagh"]
     args = parser.parse_args(["m.onnx", "--out", "o", "--omniglot-holdout", "2"])
     assert build_protocols(args)[0].alphabets == ["Sanskrit", "Tifinagh"]
+
+
+def test_the_protocol_table_builds_it_from_its_argument():
+    from partialfc.eval.protocols import build_protocol
+
+    protocol = build_protocol("omniglot_holdout:N_Ko,Tifinagh", size=56)
+    assert protocol.alphabets == ["N_Ko", "Tifinagh"] and protocol.size == 56
+    assert protocol.flip is False
+    with pytest.raises(ValueError, match="omniglot_holdout:0: 0 holds out no alphabet"):
+        build_protocol("omniglot_holdout:0")
+    with pytest.raises(ValueError, match="needs the held-out alphabets"):
+        build_protocol("omniglot_holdout")

@@ -422,3 +422,28 @@ def test_second_backward_error_says_how_to_differentiate_again():
         "the fused margin cross-entropy reuses its buffer for the gradient and can be "
         "differentiated only once per forward; pass reuse_buffer=False to differentiate again"
     )
+
+
+def test_partial_fc_and_the_dense_heads_check_input_with_one_validator():
+    from partialfc.classifier import PartialFC
+
+    dense = MarginSoftmaxHead(5, 3, ArcFaceMargin())
+    pfc = PartialFC(5, 3, ArcFaceMargin(), sample_rate=1.0)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 3])
+    cases = [
+        (x, torch.tensor([0, 1, 2, 5]), "contains 5, outside [0, num_classes=5)"),
+        (x, torch.tensor([0, 1, 2]), "has 3 entries for 4 embeddings"),
+        (x, y.float(), "must be an integer tensor, got dtype torch.float32"),
+        (torch.randn(4, 2), y, "has dimension 2, expected embedding_dim=3"),
+        (x.long(), y, "must be floating point, got dtype torch.int64"),
+        (x[0], torch.tensor([0]), "must be a 2-D tensor (B, d), got (3,)"),
+    ]
+    for embeddings, labels, message in cases:
+        with pytest.raises(ValueError) as dense_error:
+            dense(embeddings, labels)
+        with pytest.raises(ValueError) as pfc_error:
+            pfc(embeddings, labels)
+        assert message in str(dense_error.value) and message in str(pfc_error.value)
+        # each names its own arguments
+        assert str(pfc_error.value).startswith("PartialFC (rank 0): local_")
+        assert str(dense_error.value).split()[0] in ("embeddings", "labels")

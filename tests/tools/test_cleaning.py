@@ -121,6 +121,13 @@ def test_bad_input_is_rejected_with_the_argument_named():
         own_class_subcenter_cosines(np.zeros((1, 4)), np.array([0]), torch.zeros(5, 4), 3)
 
 
+def _write_meta(checkpoint, num_classes, dim, k, kind="partial_fc"):
+    """The ``meta.json`` of a training checkpoint: its config says which head to build."""
+    config = {"model": {"embedding_dim": dim}, "head": {"kind": kind, "num_subcenters": k}}
+    meta = {"config": config, "num_classes": num_classes}
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+
+
 def _save_sharded_head(rank, world_size, directory, num_classes, dim, k, seed):
     from partialfc.classifier import PartialFC, save_partial_fc_checkpoint
     from partialfc.losses import ArcFaceMargin
@@ -138,11 +145,30 @@ def test_centers_of_a_two_rank_head_are_gathered_in_class_order(tmp_path):
         _save_sharded_head, 2, args=(str(tmp_path / "head"), num_classes, dim, k, seed)
     )
     assert sizes == [4, 3]
+    _write_meta(tmp_path, num_classes, dim, k)
     centers, got_k = load_head_centers(tmp_path)
     assert got_k == k
     # the initial table is the same for any number of ranks: the single-rank build is the truth
     expected = init_center_rows(num_classes, dim, k, seed, 0, num_classes)
     torch.testing.assert_close(centers, expected)
+
+
+def test_the_centers_of_a_dense_sub_center_head_come_through_the_head_contract(tmp_path):
+    from partialfc.losses import ArcFaceMargin, MarginSoftmaxHead
+
+    torch.manual_seed(3)
+    head = MarginSoftmaxHead(4, 6, ArcFaceMargin(), num_subcenters=2)
+    head.save_state(tmp_path / "head")
+    _write_meta(tmp_path, 4, 6, 2, kind="margin_softmax")
+    centers, k = load_head_centers(tmp_path)
+    assert k == 2 and centers.shape == (8, 6)
+    torch.testing.assert_close(centers, head.weight.detach())
+    from partialfc.losses.triplet import TripletLoss
+
+    TripletLoss().save_state(tmp_path / "pair" / "head")
+    _write_meta(tmp_path / "pair", 4, 6, 1, kind="triplet")
+    with pytest.raises(ValueError, match="head.kind='triplet'. has no centers"):
+        load_head_centers(tmp_path / "pair")
 
 
 def test_clean_command_writes_report_and_cleaned_set(tmp_path):
@@ -168,6 +194,7 @@ def test_clean_command_writes_report_and_cleaned_set(tmp_path):
     save_backbone(build_model(**{"name": config["name"], **config["kwargs"]}), config, ckpt)
     head = PartialFC(classes, 16, ArcFaceMargin(), num_subcenters=3)
     save_partial_fc_checkpoint(ckpt / "head", head)
+    _write_meta(ckpt, classes, 16, 3)
 
     out = tmp_path / "cleaned"
     argv = ["clean", str(tmp_path / "run"), "--out", str(out), "--data-source", "npz",

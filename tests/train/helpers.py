@@ -63,8 +63,8 @@ def tiny_backbone(seed: int = 0) -> nn.Module:
 
 def omniglot_subset(num_classes: int):
     """The first ``num_classes`` Omniglot background classes (20 real drawings each)."""
-    from partialfc.data.arrays import load_omniglot
     from partialfc.data.datasets import ArrayDataset
+    from partialfc.data.loaders import load_omniglot
 
     data = load_omniglot("background")
     keep = data.labels < num_classes

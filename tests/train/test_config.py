@@ -118,7 +118,7 @@ def test_cli_reports_a_typo_and_exits_2(capsys):
         ("train.epochs=.inf", "train.epochs must be a finite number > 0, got inf"),
         ("train.seed=-1", "train.seed must be an integer in [0, 4294967295], got -1"),
         ("train.num_threads=-2", "train.num_threads must be an integer >= 0, got -2"),
-        ("eval.batch_size=0", "eval.batch_size must be an integer >= 1, got 0"),
+        ("eval.batch_size=0", "eval.batch_size must be null or an integer >= 1, got 0"),
         ("loss.classifier_weight=.inf", "loss.classifier_weight must be a finite number >= 0"),
         (
             "model.kwargs={bogus: 1}",

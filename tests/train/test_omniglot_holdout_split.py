@@ -4,7 +4,7 @@ refused naming the key; the omniglot_holdout protocol is built from the config."
 import numpy as np
 import pytest
 
-from partialfc.data.arrays import load_omniglot
+from partialfc.data.loaders import load_omniglot
 from partialfc.train.config import ConfigError, load_config
 from partialfc.train.data import build_train_set, holdout_alphabets
 from partialfc.train.evaluation import build_protocols
@@ -68,12 +68,22 @@ def test_bad_holdout_values_name_the_key(override, message):
 
 
 def test_holdout_protocol_needs_held_out_alphabets():
-    with pytest.raises(ConfigError, match=r"eval\.protocols: omniglot_holdout .*set data\.hold"):
+    with pytest.raises(ConfigError, match=r"eval\.protocols\[0\]: omniglot_holdout .*set data\."):
         load_config(PRESET, ["data.holdout_background_alphabets=0"])
     with pytest.raises(ValueError, match=r"data\.holdout_background_alphabets"):
         build_protocols(["omniglot_holdout"], 28, False, 512)
-    (protocol,) = build_protocols(["omniglot_holdout"], 28, False, 512, LAST_FIVE)
+    (protocol,) = build_protocols(["omniglot_holdout"], 28, None, None, LAST_FIVE)
     assert protocol.alphabets == LAST_FIVE and protocol.size == 28
+    assert protocol.flip is False and protocol.batch_size == 256  # the table's defaults
+
+
+def test_an_explicit_holdout_argument_must_be_the_held_out_set():
+    cfg = load_config(PRESET, ["eval.protocols=[omniglot_holdout:5]"])
+    assert cfg.eval.protocols == ["omniglot_holdout:5"]
+    with pytest.raises(ConfigError, match=r"eval\.protocols\[0\]: 'omniglot_holdout:4' is not"):
+        load_config(PRESET, ["eval.protocols=[omniglot_holdout:4]"])
+    with pytest.raises(ConfigError, match=r"eval\.protocols\[1\]: 'Angelic' is an evaluation"):
+        load_config(PRESET, ["eval.protocols=[omniglot_one_shot, 'omniglot_holdout:Angelic']"])
 
 
 def test_holdout_needs_omniglot_data():

@@ -5,6 +5,9 @@
 * :class:`Ijb`: IJB-B/C 1:1 and 1:N from the meta files
 * :class:`OmniglotOpenSet`, :class:`OmniglotOneShot`, :class:`OmniglotHoldout`, :class:`Orl`:
   bundled/shared real data
+
+:data:`PROTOCOLS` names them with their defaults (flip test, batch size, image size); both
+``partialfc eval`` and the training config build them through :func:`build_protocols`.
 """
 
 from .base import Protocol
@@ -20,6 +23,7 @@ from .ijb import (
 from .omniglot import OmniglotHoldout, OmniglotOneShot, OmniglotOpenSet
 from .orl import Orl
 from .pairs import LfwPairs, VerificationBin
+from .registry import PROTOCOLS, build_protocol, build_protocols
 
 
 def published_results(report_name: str) -> dict[str, float]:
@@ -31,6 +35,9 @@ def published_results(report_name: str) -> dict[str, float]:
 
 
 __all__ = [
+    "PROTOCOLS",
+    "build_protocol",
+    "build_protocols",
     "published_results",
     "Ijb",
     "LfwPairs",

@@ -42,7 +42,7 @@ class OmniglotOpenSet(Protocol):
         size: int = 28,
         root=None,
         flip: bool = False,
-        batch_size: int = 512,
+        batch_size: int = 256,
         fars=OPEN_SET_FARS,
         max_images: int | None = None,
     ):
@@ -51,7 +51,7 @@ class OmniglotOpenSet(Protocol):
         self.name = f"omniglot_eval_open_set_{size}"
 
     def run(self, embed_fn: EmbedFn) -> list[VerificationReport | IdentificationReport]:
-        from partialfc.data.arrays import load_omniglot
+        from partialfc.data.loaders import load_omniglot
 
         data = load_omniglot("evaluation", size=self.size, root=self.root)
         images, labels = data.images, data.labels
@@ -108,18 +108,18 @@ class OmniglotOneShot(Protocol):
 
     PUBLISHED = {"Siamese": 0.920, "humans": 0.955, "BPL": 0.967}
 
-    def __init__(self, size: int = 28, root=None, flip: bool = False):
-        self.size, self.root, self.flip = size, root, flip
+    def __init__(self, size: int = 28, root=None, flip: bool = False, batch_size: int = 256):
+        self.size, self.root, self.flip, self.batch_size = size, root, flip, batch_size
         self.name = f"omniglot_one_shot_20way_{size}"
 
     def run(self, embed_fn: EmbedFn) -> list[IdentificationReport]:
-        from partialfc.data.arrays import load_omniglot_one_shot_runs
+        from partialfc.data.loaders import load_omniglot_one_shot_runs
 
         runs = load_omniglot_one_shot_runs(size=self.size, root=self.root)
         ranks = []
         for run in runs:
-            gallery = embed_images(embed_fn, run.training_images, self.flip)
-            probes = embed_images(embed_fn, run.test_images, self.flip)
+            gallery = embed_images(embed_fn, run.training_images, self.flip, self.batch_size)
+            probes = embed_images(embed_fn, run.test_images, self.flip, self.batch_size)
             found = mated_search(probes @ gallery.T, run.answers, np.arange(len(gallery)))
             ranks.append(found.ranks)
         ranks = np.concatenate(ranks)
@@ -176,7 +176,7 @@ class OmniglotHoldout(Protocol):
         self.name = f"omniglot_holdout_{size}"
 
     def run(self, embed_fn: EmbedFn) -> list[VerificationReport | IdentificationReport]:
-        from partialfc.data.arrays import load_omniglot
+        from partialfc.data.loaders import load_omniglot
         from partialfc.data.omniglot_holdout import build_one_shot_episodes
 
         data = load_omniglot("background", size=self.size, root=self.root, alphabets=self.alphabets)

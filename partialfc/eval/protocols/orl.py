@@ -19,14 +19,14 @@ from .base import Protocol
 class Orl(Protocol):
     name = "orl"
 
-    def __init__(self, root=None, flip: bool = False, fars=DEFAULT_FARS):
-        self.root, self.flip, self.fars = root, flip, fars
+    def __init__(self, root=None, flip: bool = False, fars=DEFAULT_FARS, batch_size: int = 256):
+        self.root, self.flip, self.fars, self.batch_size = root, flip, fars, batch_size
 
     def run(self, embed_fn: EmbedFn) -> list:
-        from partialfc.data.arrays import load_orl
+        from partialfc.data.loaders import load_orl
 
         data = load_orl(self.root)
-        emb = embed_images(embed_fn, data.images, self.flip)
+        emb = embed_images(embed_fn, data.images, self.flip, self.batch_size)
         labels = data.labels
         iu = np.triu_indices(len(emb), 1)
         scores = np.sum(emb[iu[0]] * emb[iu[1]], axis=1)

@@ -74,7 +74,7 @@ class LfwPairs(Protocol):
         fars=DEFAULT_FARS,
     ):
         if pairs_path is None or images_path is None:
-            from partialfc.data.arrays import shared_data_root
+            from partialfc.data.loaders import shared_data_root
 
             root = shared_data_root() / "lfw_dev"
             pairs_path = pairs_path or root / "pairs_dev.txt"

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--flip", action="store_true", help="flip test: f(x) + f(mirror(x))")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    from partialfc.detect.commands import add_detect_arguments
+    from partialfc.detect.command import add_detect_arguments
 
     add_detect_arguments(parser)  # --detect: inputs are photos, faces are detected and aligned
     if command == "embed":

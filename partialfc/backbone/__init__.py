@@ -8,6 +8,8 @@
 * :mod:`partialfc.backbone.embedding` — the embedding loop and the NumPy L2 normalisation;
 * :mod:`partialfc.backbone.embedder` — :class:`Embedder`: images in, embeddings out, from any
   stored form (PyTorch or ONNX).
+* :mod:`partialfc.backbone.fingerprint` — the SHA-256 identifying a backbone's weights, the
+  same in every stored form (calibrated thresholds record it).
 
 Imports are lazy (``from partialfc.backbone.io import ...``): nothing heavy loads with the
 package.

@@ -5,7 +5,8 @@
 
 ``images`` are uint8 ``(N, H, W)`` (grey) or ``(N, H, W, C)`` RGB, aligned and cropped to the
 model's ``spec.input_size``. With ``flip=True`` the embedding is
-``normalize(f(x) + f(mirror(x)))`` (the flip test).
+``normalize(f(x) + f(mirror(x)))`` (the flip test). ``embedder.model_sha256`` identifies the
+weights (:mod:`partialfc.backbone.fingerprint`); calibrated thresholds record it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ class TorchBackend:
 
         self.device = parse_device(device)
         self.model = model.eval().to(self.device)
+        self._sha256: str | None = None
+
+    @property
+    def model_sha256(self) -> str:
+        """SHA-256 of the module's state dict (computed once)."""
+        if self._sha256 is None:
+            from partialfc.backbone.fingerprint import state_sha256
+
+            self._sha256 = state_sha256(self.model.state_dict())
+        return self._sha256
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         (out,) = run_backbone(self.model, [torch.from_numpy(x)], self.device, preprocess=None)
@@ -53,6 +64,14 @@ class OnnxBackend:
         except Exception as err:  # noqa: BLE001 - ORT raises several types; name the file
             raise ValueError(f"{path}: cannot load ONNX model: {err}") from None
         self.input_name = self.session.get_inputs()[0].name
+
+    @property
+    def model_sha256(self) -> str:
+        """The weights' hash written by ``export`` into the metadata, else the file's SHA-256."""
+        from partialfc.backbone.fingerprint import MODEL_HASH_KEY, file_sha256
+
+        meta = self.session.get_modelmeta().custom_metadata_map
+        return meta.get(MODEL_HASH_KEY) or file_sha256(self.path)
 
     def spec(self) -> PreprocessingSpec | None:
         meta = self.session.get_modelmeta().custom_metadata_map
@@ -121,6 +140,11 @@ class Embedder:
     @property
     def embedding_dim(self) -> int:
         return self.spec.embedding_dim
+
+    @property
+    def model_sha256(self) -> str | None:
+        """SHA-256 identifying the weights (None for a backend that cannot say)."""
+        return getattr(self.backend, "model_sha256", None)
 
     def _raw(self, images: np.ndarray) -> np.ndarray:
         return np.asarray(self.backend(self.spec.preprocess(images)), dtype=np.float32)

@@ -29,7 +29,7 @@ from partialfc.data.loaders import (
     load_omniglot_one_shot_runs,
     load_orl,
 )
-from partialfc.data.pack import pack_images, unpack_records
+from partialfc.data.pack import pack_images, read_identity_names, unpack_records
 from partialfc.data.recordio import (
     IRHeader,
     RecordIODataset,
@@ -60,6 +60,7 @@ __all__ = [
     "pack_images",
     "split_identities",
     "umeyama_similarity",
+    "read_identity_names",
     "unpack_records",
     "ArrayDataset",
     "FaceSet",

@@ -12,9 +12,11 @@ from partialfc.deploy.export import (
 from partialfc.deploy.gallery import Gallery, GalleryFileError, SearchResult
 from partialfc.deploy.verify import (
     CalibratedThreshold,
+    ModelMismatchError,
     Verification,
     Verifier,
     calibrate,
+    check_threshold_model,
     decide,
     threshold_from_impostors,
 )
@@ -26,11 +28,13 @@ __all__ = [
     "ExportResult",
     "Gallery",
     "GalleryFileError",
+    "ModelMismatchError",
     "PreprocessingSpec",
     "SearchResult",
     "Verification",
     "Verifier",
     "calibrate",
+    "check_threshold_model",
     "decide",
     "export_backbone",
     "export_checkpoint",

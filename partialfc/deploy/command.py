@@ -3,7 +3,7 @@
     partialfc export RUN_OR_CHECKPOINT OUT_DIR
     partialfc embed MODEL INPUT --out embeddings.npz [--flip]
     partialfc verify MODEL --calibrate INPUT --far 1e-3 --save-threshold t.json --pair A.png B.png
-    partialfc verify MODEL --threshold t.json --pairs pairs.txt
+    partialfc verify MODEL --threshold t.json --pairs pairs.txt   # [--allow-other-model]
     partialfc search MODEL GALLERY.npz --enroll INPUT          # one identity per label
     partialfc search MODEL GALLERY.npz --query INPUT [--top-k 5] [--threshold t.json]
 
@@ -11,7 +11,9 @@
 checkpoint). ``INPUT`` is a folder of aligned faces (``root/<identity>/<image>``), a RecordIO
 ``.rec`` set, or (for queries and pairs) single image files. With ``--detect`` inputs are
 photos (a file, a folder of photos or ``root/<identity>/<photo>``): the largest face of each
-(``--all-faces``: every face) is detected and aligned to the model's input first.
+(``--all-faces``: every face) is detected and aligned to the model's input first. A
+``--threshold`` file calibrated on other weights (its ``model_sha256`` differs from
+``Embedder.model_sha256``) is an error unless ``--allow-other-model``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         group.add_argument("--calibrate", help="image folder / .rec of labelled impostors")
         parser.add_argument("--far", type=float, default=1e-3, help="target FAR (calibration)")
         parser.add_argument("--save-threshold", help="write the calibrated threshold here")
+        _add_allow_other_model(parser)
     elif command == "search":
         parser.add_argument("gallery", help="gallery .npz (created on first --enroll)")
         parser.add_argument("--enroll", help="image folder / .rec: one template per identity")
@@ -71,19 +74,31 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--query", help="image file, image folder or .rec to search")
         parser.add_argument("--top-k", type=int, default=5)
         parser.add_argument("--threshold", help="calibrated threshold JSON: open-set decision")
+        _add_allow_other_model(parser)
     else:
         raise ValueError(f"unknown deploy command {command!r}")
 
 
+def _add_allow_other_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-other-model",
+        action="store_true",
+        help="use a --threshold file calibrated on other weights (its model hash differs)",
+    )
+
+
 # ---------------------------------------------------------------------- inputs
 def open_labelled_set(path: str | Path, grayscale: bool):
-    """``(dataset, identity names per label)`` for an image folder or a ``.rec`` set."""
-    from partialfc.data import ImageFolderDataset, RecordIODataset
+    """``(dataset, identity names per label)`` for an image folder or a ``.rec`` set (names from
+    its ``.names.json`` sidecar when ``pack`` wrote one, else the labels)."""
+    from partialfc.data import ImageFolderDataset, RecordIODataset, read_identity_names
 
     path = Path(path)
     if path.suffix == ".rec":
         dataset = RecordIODataset(path, grayscale=grayscale)
-        names = [str(i) for i in range(dataset.num_classes)]
+        names = read_identity_names(path)
+        if names is None or len(names) != dataset.num_classes:
+            names = [str(i) for i in range(dataset.num_classes)]
         return dataset, names
     if path.is_dir():
         dataset = ImageFolderDataset(path, grayscale=grayscale)
@@ -230,13 +245,33 @@ def _embed(args) -> int:
     return 0
 
 
+def load_threshold_for(args, embedder):
+    """``args.threshold`` loaded and checked against the embedder's weights (a mismatch is an
+    error unless ``--allow-other-model``; an unverifiable file is a warning on stderr)."""
+    from partialfc.deploy.verify import CalibratedThreshold, check_threshold_model
+
+    threshold = CalibratedThreshold.load(args.threshold)
+    warning = check_threshold_model(
+        threshold,
+        embedder.model_sha256,
+        threshold_name=str(args.threshold),
+        model_name=str(args.model),
+        allow_other_model=args.allow_other_model,
+    )
+    if warning:
+        print(f"partialfc {args.command}: warning: {warning}", file=sys.stderr)
+    return threshold
+
+
 def _threshold(args, embedder):
-    from partialfc.deploy.verify import CalibratedThreshold, calibrate
+    from partialfc.deploy.verify import calibrate
 
     if args.threshold:
-        return CalibratedThreshold.load(args.threshold)
+        return load_threshold_for(args, embedder)
     raw, labels, _, _ = _embed_labelled(embedder, args.calibrate, args, "calibrate")
-    t = calibrate(_normalize(raw), labels, args.far, source=args.calibrate)
+    t = calibrate(
+        _normalize(raw), labels, args.far, source=args.calibrate, model_sha256=embedder.model_sha256
+    )
     low, high = t.far_interval_95
     print(
         f"threshold {t.threshold:.4f} at FAR {t.target_far:g}: {t.false_accepts} of "
@@ -299,11 +334,11 @@ def _box(box) -> list[float]:
 
 def _search(args) -> int:
     from partialfc.deploy.gallery import Gallery
-    from partialfc.deploy.verify import CalibratedThreshold
 
     if not (args.enroll or args.remove or args.query):
         raise ValueError("nothing to do: give --enroll, --query and/or --remove")
     embedder = _load(args)
+    threshold = load_threshold_for(args, embedder) if args.threshold else None
     path = Path(args.gallery)
     gallery = Gallery.open(path) if path.exists() else Gallery(embedder.embedding_dim, args.model)
     if gallery.dim != embedder.embedding_dim:
@@ -334,7 +369,6 @@ def _search(args) -> int:
         else:
             raw, _, _, sources = _embed_labelled(embedder, query, args, "query")
         check_finite_rows(raw, str(query), lambda i: sources[i])
-        threshold = CalibratedThreshold.load(args.threshold) if args.threshold else None
         result = gallery.search(raw, k=args.top_k)
         for n, (src, ids, scores) in enumerate(
             zip(sources, result.identities, result.scores, strict=True)

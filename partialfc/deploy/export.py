@@ -4,7 +4,9 @@
 
     out_dir/backbone.onnx           dynamic batch axis; input "images" (N, C, H, W) float32,
                                     output "embeddings" (N, d), unnormalised; the spec JSON is
-                                    also in the ONNX metadata (key "partialfc.preprocessing")
+                                    also in the ONNX metadata (key "partialfc.preprocessing"),
+                                    with the weights' SHA-256 (key "partialfc.model_sha256",
+                                    :mod:`partialfc.backbone.fingerprint`)
     out_dir/backbone.safetensors    the backbone state dict (spec JSON in its metadata too)
     out_dir/preprocessing.json      the PreprocessingSpec
 
@@ -28,6 +30,7 @@ import torch
 from torch import nn
 
 from partialfc.atomic import atomic_output
+from partialfc.backbone.fingerprint import MODEL_HASH_KEY, state_sha256
 from partialfc.backbone.io import METADATA_KEY, ONNX_FILENAME, WEIGHTS_FILENAME
 from partialfc.backbone.spec import SPEC_FILENAME, PreprocessingSpec
 
@@ -48,18 +51,21 @@ class ExportResult:
     check_batch: int
     opset: int | None = None  # ai.onnx opset of the ONNX file
     ir_version: int | None = None  # its IR version (onnxruntime 1.16-1.17 load IR <= 9)
+    model_sha256: str | None = None  # the weights' hash, recorded by calibrated thresholds
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
 
 
 def save_weights(model: nn.Module, spec: PreprocessingSpec, path: Path) -> None:
-    """State dict to safetensors (atomic), with the spec JSON in the file's metadata."""
+    """State dict to safetensors (atomic), with the spec JSON and the weights' SHA-256 in the
+    file's metadata."""
     from safetensors.torch import save_file
 
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {METADATA_KEY: spec.to_json(), MODEL_HASH_KEY: state_sha256(state)}
     with atomic_output(path) as tmp:
-        save_file(state, str(tmp), metadata={METADATA_KEY: spec.to_json()})
+        save_file(state, str(tmp), metadata=metadata)
 
 
 # The newest ONNX IR version each onnxruntime release loads (onnxruntime's compatibility
@@ -130,8 +136,12 @@ def save_onnx(model: nn.Module, spec: PreprocessingSpec, path: Path, opset: int 
         raise ValueError(f"the exporter wrote opset {written}, not the requested {opset}")
     proto.ir_version = onnx.helper.find_min_ir_version_for(list(proto.opset_import))
     onnx.checker.check_model(proto)
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, spec.to_json()
+    for key, value in (
+        (METADATA_KEY, spec.to_json()),
+        (MODEL_HASH_KEY, state_sha256(model.state_dict())),
+    ):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
     with atomic_output(path) as tmp:
         onnx.save_model(proto, str(tmp))
 
@@ -196,7 +206,15 @@ def export_backbone(
 
     proto = onnx.load(str(onnx_path), load_external_data=False)
     return ExportResult(
-        onnx_path, weights_path, spec_path, diff, scale, batch, onnx_opset(proto), proto.ir_version
+        onnx_path,
+        weights_path,
+        spec_path,
+        diff,
+        scale,
+        batch,
+        onnx_opset(proto),
+        proto.ir_version,
+        state_sha256(model.state_dict()),
     )
 
 

@@ -11,13 +11,19 @@ error of about ``1/√k``, and FARs below ``1/n_impostor`` are refused.
     threshold = calibrate(embedder.embed(cal_images), cal_labels, target_far=1e-3)
     result = Verifier(embedder, threshold).verify(images_a, images_b)   # pairs row by row
     result.score, result.accept
+
+A threshold only means something for the model it was calibrated on: the file records the
+model's SHA-256 (``Embedder.model_sha256``, :mod:`partialfc.backbone.fingerprint`) and
+:func:`check_threshold_model` (used by ``Verifier`` and ``verify``/``search --threshold``)
+refuses it for other weights.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +64,10 @@ class CalibratedThreshold:
     false_accepts: int  # calibration impostors >= threshold (≤ k)
     n_impostor: int
     far_interval_95: tuple[float, float]  # Clopper–Pearson on the calibration impostors
+    model_sha256: str | None = None  # the weights it was calibrated on (None: not recorded)
 
     def to_dict(self) -> dict:
-        return {"format": THRESHOLD_FORMAT, "version": 1, **asdict(self)}
+        return {"format": THRESHOLD_FORMAT, "version": 2, **asdict(self)}
 
     def save(self, path: str | os.PathLike) -> None:
         atomic_write_bytes(Path(path), (json.dumps(self.to_dict(), indent=2) + "\n").encode())
@@ -79,19 +86,67 @@ class CalibratedThreshold:
                 false_accepts=int(d["false_accepts"]),
                 n_impostor=int(d["n_impostor"]),
                 far_interval_95=tuple(float(v) for v in d["far_interval_95"]),
+                model_sha256=_optional_hash(d.get("model_sha256")),
             )
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{path}: not a calibrated threshold file: {err}") from None
 
 
+def _optional_hash(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
+        raise ValueError(f"model_sha256 {value!r} is not a hex SHA-256")
+    return value
+
+
+class ModelMismatchError(ValueError):
+    """A threshold calibrated on other weights than the model it is used with."""
+
+
+def check_threshold_model(
+    threshold: CalibratedThreshold,
+    model_sha256: str | None,
+    threshold_name: str = "threshold",
+    model_name: str = "the model",
+    allow_other_model: bool = False,
+) -> str | None:
+    """Refuse a threshold calibrated on other weights (ModelMismatchError naming both hashes).
+
+    Returns a warning (a string, else None) when the check cannot be made (a threshold or a
+    model without a hash) or is overridden by ``allow_other_model``.
+    """
+    recorded = threshold.model_sha256
+    if recorded is None:
+        return f"{threshold_name} records no model hash; it cannot be checked against {model_name}"
+    if model_sha256 is None:
+        return f"{model_name} has no hash; {threshold_name} cannot be checked against it"
+    if recorded == model_sha256:
+        return None
+    message = (
+        f"{threshold_name} was calibrated on the model with sha256 {recorded}, but {model_name} "
+        f"has sha256 {model_sha256}"
+    )
+    if allow_other_model:
+        return message + "; used anyway (--allow-other-model)"
+    raise ModelMismatchError(
+        message + ": recalibrate on this model (--calibrate), or pass --allow-other-model"
+    )
+
+
 def calibrate(
-    embeddings: np.ndarray, labels, target_far: float, source: str = "calibration embeddings"
+    embeddings: np.ndarray,
+    labels,
+    target_far: float,
+    source: str = "calibration embeddings",
+    model_sha256: str | None = None,
 ) -> CalibratedThreshold:
     """Threshold at ``target_far`` from all different-label pairs of L2-normalised embeddings.
 
     Pairs are scored blockwise (``partialfc.eval.score_all_pairs``) keeping only the highest
     ``k + 1`` impostor scores, so large calibration sets fit in memory. Rows with NaN or inf
     are refused (ValueError naming ``source`` and the rows with their labels).
+    ``model_sha256`` (``embedder.model_sha256``) is recorded in the result.
     """
     embeddings = np.asarray(embeddings, dtype=np.float32)
     labels = np.asarray(labels).reshape(-1)
@@ -101,9 +156,10 @@ def calibrate(
     n_pairs = labels.size * (labels.size - 1) // 2
     keep = int(min(n_pairs, np.floor(target_far * n_pairs) + 2))
     summary = score_all_pairs(embeddings, labels, keep_top=max(keep, 1))
-    return threshold_from_impostors(
+    t = threshold_from_impostors(
         summary.top_impostor_scores, target_far, n_impostor=summary.n_impostor
     )
+    return replace(t, model_sha256=_optional_hash(model_sha256))
 
 
 def threshold_from_impostors(
@@ -152,9 +208,21 @@ def decide(embeddings_a, embeddings_b, threshold: CalibratedThreshold) -> Verifi
 
 
 class Verifier:
-    """An Embedder and a calibrated threshold."""
+    """An Embedder and a calibrated threshold (refused if calibrated on other weights, see
+    :func:`check_threshold_model`; ``allow_other_model=True`` overrides with a warning)."""
 
-    def __init__(self, embedder, threshold: CalibratedThreshold, flip: bool = False):
+    def __init__(
+        self,
+        embedder,
+        threshold: CalibratedThreshold,
+        flip: bool = False,
+        allow_other_model: bool = False,
+    ):
+        warning = check_threshold_model(
+            threshold, getattr(embedder, "model_sha256", None), allow_other_model=allow_other_model
+        )
+        if warning:
+            warnings.warn(warning, stacklevel=2)
         self.embedder = embedder
         self.threshold = threshold
         self.flip = flip

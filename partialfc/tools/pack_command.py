@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("input", help="input .rec path")
         parser.add_argument("output", help="output folder (must not exist)")
         parser.add_argument("--idx", help="index file (default: the .rec path with .idx)")
+        parser.add_argument(
+            "--numbered",
+            action="store_true",
+            help="name the folders by label even when the set has a .names.json sidecar",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     from partialfc.ranges import Range, check_options
 
     if args.command == "unpack":
-        count = unpack_records(args.input, args.output, args.idx)
+        count = unpack_records(args.input, args.output, args.idx, use_names=not args.numbered)
         print(json.dumps({"images": count, "output": str(args.output)}))
         return 0
     check_options(
@@ -97,10 +102,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -> int:
     from partialfc.data.datasets import read_list_file, scan_image_folder
-    from partialfc.data.pack import pack_images
+    from partialfc.data.pack import identity_names_path, pack_images
 
+    names = None  # a list file has labels only: no names sidecar
     if source.is_dir():
-        paths, labels, _ = scan_image_folder(source)
+        paths, labels, names = scan_image_folder(source)
     else:
         paths, labels = read_list_file(source, args.root, remap_labels=args.remap_labels)
     report = pack_images(
@@ -114,6 +120,7 @@ def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -
         fit=args.fit,
         skip_bad=args.skip_bad,
         max_pixels=args.max_image_pixels,
+        names=names,
     )
     print(
         json.dumps(
@@ -123,6 +130,7 @@ def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -
                 "skipped": report.skipped,
                 "rec": report.rec_path,
                 "idx": report.idx_path,
+                **({"names": str(identity_names_path(report.rec_path))} if names else {}),
                 **({"resize": {"size": args.resize, "fit": args.fit}} if args.resize else {}),
                 **({"aligned": aligned} if aligned is not None else {}),
             }

@@ -396,6 +396,12 @@ _CHOICES = {
 }
 
 
+def allowed_values(dotted: str) -> tuple:
+    """The values the config accepts for a key with a fixed set of choices, e.g.
+    ``allowed_values("data.source")`` (for command-line options that set the same thing)."""
+    return _CHOICES[dotted]
+
+
 _INT_0 = Range(0, integer=True)
 _INT_1 = Range(1, integer=True)
 _NONNEGATIVE = Range(0)

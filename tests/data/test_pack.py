@@ -150,7 +150,7 @@ def test_image_whose_header_claims_too_many_pixels_is_refused_or_skipped(
         "zz_huge.png" in report["skipped"][0]
         and "above the limit of 67108864" in (report["skipped"][0])
     )
-    assert sorted(p.name for p in out.iterdir()) == ["h.idx", "h.rec"]
+    assert sorted(p.name for p in out.iterdir()) == ["h.idx", "h.names.json", "h.rec"]
     # the limit is an option: 28 x 28 drawings are above a 700-pixel limit
     args = ["pack", str(src), str(out / "s.rec"), "--workers", "1", "--max-image-pixels", "700"]
     assert cli_main(args) == 2

@@ -65,6 +65,16 @@ def test_search_enrolls_persists_and_finds_the_right_identity(checkpoint, folder
     assert "char3" not in Gallery.open(gallery_path)
 
 
+def test_a_packed_set_enrolls_under_its_identity_names(checkpoint, folder, tmp_path, capsys):
+    rec = tmp_path / "faces.rec"
+    assert main(["pack", str(folder), str(rec), "--workers", "1"]) == 0
+    gallery_path = tmp_path / "g.npz"
+    assert main(["search", str(checkpoint), str(gallery_path), "--enroll", str(rec)]) == 0
+    gallery = Gallery.open(gallery_path)
+    assert sorted(gallery.identities) == [f"char{c}" for c in range(8)]
+    assert gallery.count("char3") == 5
+
+
 def test_bad_input_is_a_clear_error(checkpoint, tmp_path, capsys):
     code = main(["embed", str(checkpoint), str(tmp_path / "nowhere"), "--out", "x.npz"])
     assert code == 2

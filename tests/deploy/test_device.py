@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from partialfc.backbone.devices import ort_providers, parse_device
 from partialfc.cli import main
 from partialfc.deploy import Embedder
-from partialfc.backbone.devices import ort_providers, parse_device
 
 NO_CUDA = "no CUDA device on this machine"
 

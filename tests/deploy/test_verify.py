@@ -113,11 +113,12 @@ def test_calibrated_threshold_realises_its_far_on_held_out_omniglot(halves, targ
 def test_verifier_decides_with_the_calibrated_threshold(small_model, omniglot_images, tmp_path):
     model, spec = small_model
     images, _ = omniglot_images
-    t = CalibratedThreshold(0.5, 1e-3, 10, 10, 10_000, (5e-4, 2e-3))
+    embedder = Embedder.from_module(model, spec)
+    t = CalibratedThreshold(0.5, 1e-3, 10, 10, 10_000, (5e-4, 2e-3), embedder.model_sha256)
     t.save(tmp_path / "t.json")
     loaded = CalibratedThreshold.load(tmp_path / "t.json")
     assert loaded == t
-    verifier = Verifier(Embedder.from_module(model, spec), loaded)
+    verifier = Verifier(embedder, loaded)
     result = verifier.verify(images[:6], images[1:7])
     e = Embedder.from_module(model, spec).embed(images[:7])
     expected = np.sum(e[:6] * e[1:7], axis=1)

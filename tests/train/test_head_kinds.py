@@ -33,7 +33,10 @@ KINDS = {
 
 
 def test_every_builder_has_a_test():
+    from partialfc.train.config import allowed_values
+
     assert sorted(KINDS) == sorted(HEAD_BUILDERS)
+    assert allowed_values("head.kind") == tuple(HEAD_BUILDERS)  # the config accepts each one
 
 
 def test_every_storage_dtype_the_config_accepts_is_one_partial_fc_stores():

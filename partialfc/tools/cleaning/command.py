@@ -14,6 +14,8 @@ from .rule import DEFAULT_THRESHOLD_DEG
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    from partialfc.train.config import allowed_values
+
     parser.add_argument("checkpoint", help="run folder or checkpoints/step-* of a K>1 run")
     parser.add_argument("--out", required=True, help="output folder (report + cleaned set)")
     parser.add_argument(
@@ -24,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
     parser.add_argument(
         "--data-source",
-        choices=("omniglot", "npz", "recordio", "folder"),
+        choices=allowed_values("data.source"),
         default=None,
         help="training set; default: the one in the checkpoint's config",
     )

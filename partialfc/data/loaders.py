@@ -19,6 +19,7 @@ import io
 import os
 import re
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,12 +57,14 @@ class OmniglotSet:
     images: uint8 (N, H, W), ink = 255, paper = 0.
     labels: int64 (N,), contiguous 0..num_classes-1 within the split.
     class_names: ``"<Alphabet>/characterNN"`` per class; alphabets: the alphabet name per class.
+    drawers: int64 (N,), the drawer (``sample_number``, 1-20) of each image, or None.
     """
 
     images: np.ndarray
     labels: np.ndarray
     class_names: list[str]
     alphabets: list[str]
+    drawers: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:
@@ -69,7 +72,11 @@ class OmniglotSet:
 
 
 def load_omniglot(
-    split: str = "background", size: int = 28, root: str | os.PathLike | None = None
+    split: str = "background",
+    size: int = 28,
+    root: str | os.PathLike | None = None,
+    alphabets: Sequence[str] | None = None,
+    exclude_alphabets: Sequence[str] = (),
 ) -> OmniglotSet:
     """Omniglot ``split`` ("background": 964 classes, "evaluation": 659) at ``size`` × ``size``.
 
@@ -77,6 +84,10 @@ def load_omniglot(
     (``omniglot_105.npz``) and resizes them with Pillow's LANCZOS filter, as the 28×28 copy and
     the one-shot runs (:func:`load_omniglot_one_shot_runs`) are made. Default root: the bundled
     copy when it holds the file, else ``../shared/data/omniglot``.
+
+    ``alphabets`` (default None = all) keeps only the classes of these alphabets of the split;
+    ``exclude_alphabets`` (default none) drops those of these. Labels stay contiguous, in the
+    file's class order. An alphabet name that is not in the split is an error.
     """
     if split not in ("background", "evaluation"):
         raise ValueError(f"split must be 'background' or 'evaluation', got {split!r}")
@@ -88,6 +99,8 @@ def load_omniglot(
         default_dir = shared_data_root() / "omniglot"
     data = _load_npz(_npz_path(root, default_dir, filename))
     keep = data["is_background"] if split == "background" else ~data["is_background"]
+    if alphabets is not None or exclude_alphabets:
+        keep = keep & _alphabet_mask(data, keep, split, alphabets, exclude_alphabets)
     images = data["images"][keep]  # (C, 20, H, W), 255 = paper
     num_classes, per_class = images.shape[:2]
     images = images.reshape(num_classes * per_class, *images.shape[2:])
@@ -101,7 +114,25 @@ def load_omniglot(
         labels=labels,
         class_names=[str(c) for c in data["class_names"][keep]],
         alphabets=[alphabet_names[a] for a in data["alphabet"][keep]],
+        drawers=np.tile(data["sample_number"].astype(np.int64), num_classes),
     )
+
+
+def _alphabet_mask(data, in_split, split, alphabets, exclude_alphabets) -> np.ndarray:
+    """Per class: in ``alphabets`` (all when None) and not in ``exclude_alphabets``."""
+    names = [str(a) for a in data["alphabet_names"]]
+    present = {names[a] for a in np.unique(data["alphabet"][in_split])}
+    for name in [*(alphabets or ()), *exclude_alphabets]:
+        if name not in present:
+            raise ValueError(
+                f"{name!r} is not an alphabet of the Omniglot {split} set; "
+                f"choose from {', '.join(sorted(present))}"
+            )
+    class_alphabet = np.array(names)[data["alphabet"]]
+    mask = ~np.isin(class_alphabet, list(exclude_alphabets))
+    if alphabets is not None:
+        mask &= np.isin(class_alphabet, list(alphabets))
+    return mask
 
 
 def _resize_lanczos(images: np.ndarray, size: int) -> np.ndarray:

@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "--omniglot-one-shot", action="store_true", help="Lake's 20-way one-shot runs"
     )
     parser.add_argument(
+        "--omniglot-holdout",
+        metavar="N_OR_NAMES",
+        help="one-shot episodes and all pairs on background alphabets held out of training: "
+        "N (the last N candidates) or comma-separated names, as the model's "
+        "data.holdout_background_alphabets",
+    )
+    parser.add_argument(
         "--omniglot-size",
         type=int,
         default=28,
@@ -82,6 +89,11 @@ def protocol_specs(args: argparse.Namespace) -> list[str]:
         specs.append("omniglot_open_set")
     if args.omniglot_one_shot:
         specs.append("omniglot_one_shot")
+    if args.omniglot_holdout:
+        from partialfc.data.omniglot_holdout import holdout_alphabets_from_text
+
+        alphabets = holdout_alphabets_from_text(args.omniglot_holdout, "--omniglot-holdout")
+        specs.append("omniglot_holdout:" + ",".join(alphabets))
     if args.orl is not None:
         specs.append(f"orl:{args.orl}" if args.orl else "orl")
     if args.ijb:

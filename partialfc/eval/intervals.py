@@ -1,4 +1,5 @@
-"""Binomial proportions with exact (Clopper–Pearson) confidence intervals.
+"""Binomial proportions with exact (Clopper–Pearson) confidence intervals, and Wilson's score
+interval for plots of accuracies.
 
 A rate measured as ``k`` events out of ``n`` trials is only as good as ``k``: its relative
 standard error is about ``1/sqrt(k)`` (binomial counting: ``k`` is nearly Poisson when
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scipy.stats import beta
+from scipy.stats import beta, norm
 
 from .results import Result
 
@@ -61,3 +62,24 @@ def proportion(k: int, n: int, confidence: float = 0.95) -> Proportion:
     lower, upper = clopper_pearson(k, n, confidence)
     rate = k / n if n else float("nan")
     return Proportion(k=k, n=n, rate=rate, lower=lower, upper=upper, confidence=confidence)
+
+
+def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval (Wilson, JASA 1927; Newcombe, Statistics in Medicine 1998)::
+
+        (p + z²/2n ± z·sqrt(p(1 − p)/n + z²/4n²)) / (1 + z²/n),   p = k/n,
+
+    with ``z`` the ``1 − α/2`` normal quantile (α = 1 − confidence; default 95 %, z = 1.96).
+    Unlike the normal approximation it stays inside [0, 1] and is not empty at k = 0 or n.
+    """
+    if n <= 0 or k < 0 or k > n:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    z = float(norm.ppf(1 - (1 - confidence) / 2))
+    p = k / n
+    denominator = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denominator
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / denominator
+    # exactly 0 at k = 0 and 1 at k = n (the formula gives them up to rounding)
+    return (0.0 if k == 0 else center - half), (1.0 if k == n else center + half)

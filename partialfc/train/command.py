@@ -165,6 +165,7 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
 
     set_progress(None if cfg.run.progress else False)  # evaluation bars: terminal only, or off
 
+    from partialfc.train.data import holdout_alphabets
     from partialfc.train.distributed import setup_distributed
     from partialfc.train.engine import NonFiniteLossError, Trainer
     from partialfc.train.evaluation import Evaluator
@@ -178,6 +179,7 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
             cfg.eval.flip_test,
             cfg.eval.batch_size,
             shift_average_px=cfg.eval.shift_average_px,
+            holdout_alphabets=holdout_alphabets(cfg.data),
         )
     try:
         ctx = setup_distributed(cfg.train.device)

@@ -63,6 +63,10 @@ class DataConfig:
     # 4 = every image turned by 90°, 180° and 270° is an image of a new class (Omniglot's
     # standard class augmentation: 964 -> 3,856 classes); 2 = 180° only; 1 = off
     rotation_classes: int = 1
+    # Omniglot only: background alphabets left out of training for choosing recipe levers on
+    # them (eval protocol omniglot_holdout); a list of names, or N = the last N of
+    # partialfc.data.omniglot_holdout.holdout_candidates(); 0 = none (docs/omniglot_recipe.md)
+    holdout_background_alphabets: int | list[str] = 0
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
 
@@ -250,13 +254,14 @@ def _coerce(value: Any, tp, where: str):
             return None
         raise ConfigError(f"{where}: null is not allowed (expected {_type_name(inner)})")
     origin = typing.get_origin(inner)
-    if origin in (Union, types.UnionType):  # e.g. int | str: the first type that fits
+    if origin in (Union, types.UnionType):  # e.g. int | list[str]: the first that fits
         for option in typing.get_args(inner):
             try:
                 return _coerce(value, option, where)
             except ConfigError:
-                pass
-    elif inner is bool:
+                continue
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if inner is bool:
         if isinstance(value, bool):
             return value
     elif inner is int:
@@ -514,6 +519,7 @@ def validate(cfg: Config) -> Config:
     _validate_protocols(cfg.eval)
     if cfg.data.source != "omniglot" and not cfg.data.path:
         raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
+    _validate_holdout(cfg)
     _validate_loss_and_batches(cfg)
     _validate_head_kind(cfg)
     return cfg
@@ -574,6 +580,45 @@ def _validate_protocols(cfg: EvalConfig) -> None:
             parse_protocol(spec, f"eval.protocols[{i}]")
         except ValueError as err:
             raise ConfigError(str(err)) from None
+
+
+def _validate_holdout(cfg: Config) -> None:
+    """Held-out background alphabets: Omniglot only, valid names or N, and the protocol that
+    evaluates on them needs some."""
+    from partialfc.data.omniglot_holdout import (
+        holdout_alphabets_from_text,
+        resolve_holdout_alphabets,
+    )
+
+    spec = cfg.data.holdout_background_alphabets
+    key = "data.holdout_background_alphabets"
+    if spec not in (0, []):
+        if cfg.data.source != "omniglot":
+            raise ConfigError(f"{key} needs data.source='omniglot', not {cfg.data.source!r}")
+        try:
+            resolve_holdout_alphabets(spec)
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
+    for i, name in enumerate(cfg.eval.protocols):
+        kind, _, argument = name.partition(":")
+        if kind != "omniglot_holdout":
+            continue
+        where = f"eval.protocols[{i}]"
+        if spec in (0, []):
+            raise ConfigError(
+                f"{where}: omniglot_holdout evaluates on the held-out background alphabets; "
+                f"set {key} (a list of names or a number, e.g. 5)"
+            )
+        if argument:
+            try:
+                named = holdout_alphabets_from_text(argument, where)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            if sorted(named) != sorted(resolve_holdout_alphabets(spec)):
+                raise ConfigError(
+                    f"{where}: {name!r} is not the held-out set of {key}; write "
+                    "omniglot_holdout without an argument"
+                )
 
 
 def _validate_head_kind(cfg: Config) -> None:

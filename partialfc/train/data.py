@@ -72,13 +72,33 @@ def build_train_set(cfg: DataConfig):
         raise ValueError(f"data.rotation_classes: {err}") from None
 
 
+def holdout_alphabets(cfg: DataConfig) -> list[str]:
+    """The Omniglot background alphabets ``data.holdout_background_alphabets`` names (by name
+    or as the last N candidates); [] when none are held out."""
+    spec = cfg.holdout_background_alphabets
+    if spec in (0, []):
+        return []
+    from partialfc.data.omniglot_holdout import resolve_holdout_alphabets
+
+    try:
+        return resolve_holdout_alphabets(spec)
+    except ValueError as err:
+        raise ValueError(f"data.holdout_background_alphabets: {err}") from None
+
+
 def _build_source(cfg: DataConfig):
     if cfg.source == "omniglot":
         from partialfc.data.datasets import ArrayDataset
         from partialfc.data.loaders import load_omniglot
 
+        held_out = holdout_alphabets(cfg)
         try:
-            split = load_omniglot("background", size=cfg.input_size, root=cfg.path or None)
+            split = load_omniglot(
+                "background",
+                size=cfg.input_size,
+                root=cfg.path or None,
+                exclude_alphabets=held_out,
+            )
         except ValueError as err:
             raise ValueError(f"data.input_size={cfg.input_size}: {err}") from None
         return ArrayDataset(split.images, split.labels)

@@ -3,7 +3,8 @@
 ``eval.protocols`` in the config names the sets as the one protocol table does
 (:data:`partialfc.eval.protocols.registry.PROTOCOLS`, the same names ``partialfc eval``
 builds from its flags): ``omniglot_open_set``, ``omniglot_one_shot``, ``orl[:ROOT]``,
-``lfw_dev``, ``lfw_pairs:PAIRS_TXT,IMAGES``, ``bin:PATH``, ``ijbb:ROOT``, ``ijbc:ROOT``.
+``lfw_dev``, ``lfw_pairs:PAIRS_TXT,IMAGES``, ``bin:PATH``, ``ijbb:ROOT``, ``ijbc:ROOT``, and
+``omniglot_holdout``, whose alphabets come from ``data.holdout_background_alphabets``.
 ``eval.flip_test`` and ``eval.batch_size`` left at null keep each protocol's defaults; the
 Omniglot sets are read, and IJB faces aligned, at ``data.input_size``.
 """
@@ -14,11 +15,19 @@ from pathlib import Path
 
 
 def build_protocols(
-    names: list[str], input_size: int, flip: bool | None = None, batch_size: int | None = None
+    names: list[str],
+    input_size: int,
+    flip: bool | None = None,
+    batch_size: int | None = None,
+    holdout_alphabets=(),
 ) -> list:
-    """The protocols of ``eval.protocols`` (ValueError naming the key for an unknown name)."""
+    """The protocols of ``eval.protocols`` (ValueError naming the key for an unknown name);
+    a bare ``omniglot_holdout`` evaluates on ``holdout_alphabets`` (the held-out ones)."""
     from partialfc.eval.protocols.registry import build_protocols as build
 
+    if holdout_alphabets:
+        held_out = "omniglot_holdout:" + ",".join(holdout_alphabets)
+        names = [held_out if name == "omniglot_holdout" else name for name in names]
     return build(names, flip, batch_size, input_size, where="eval.protocols")
 
 
@@ -94,8 +103,9 @@ class Evaluator:
         batch_size: int | None = None,
         log=print,
         shift_average_px: int = 0,
+        holdout_alphabets=(),
     ):
-        protocols = build_protocols(names, input_size, flip, batch_size)
+        protocols = build_protocols(names, input_size, flip, batch_size, holdout_alphabets)
         return cls(protocols, log=log, shift_average_px=shift_average_px)
 
     def __call__(self, embed_fn, out_dir: Path, title: str = "Verification", meta=None) -> dict:

@@ -23,6 +23,8 @@ EVERY_FLAG = [
     "--lfw-dev",
     "--omniglot",
     "--omniglot-one-shot",
+    "--omniglot-holdout",
+    "5",
     "--orl",
     "--ijb",
     "ijb_root",
@@ -39,7 +41,12 @@ def _cli(argv):
 
 def _trained(specs, *overrides):
     cfg = load_config(
-        overrides=["data.source=omniglot", "data.input_size=112", f"eval.protocols={specs}"]
+        overrides=[
+            "data.source=omniglot",
+            "data.input_size=112",
+            "data.holdout_background_alphabets=5",
+            f"eval.protocols={specs}",
+        ]
         + list(overrides)
     )
     return Evaluator.from_names(

@@ -12,6 +12,7 @@ from partialfc.train.config import ConfigError, load_config
 PRESETS = (
     "omniglot_cpu",
     "omniglot_distill",
+    "omniglot_select",
     "ms1mv3_r50_arcface",
     "webface42m_r100_pfc03",
     "glint360k_r100_pfc01",

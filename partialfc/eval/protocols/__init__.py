@@ -3,7 +3,8 @@
 * :class:`VerificationBin`: InsightFace ``.bin`` sets (LFW, CFP-FP, AgeDB-30, CALFW, CPLFW)
 * :class:`LfwPairs`: LFW ``pairs.txt`` over an image folder/zip (default: LFW dev pairs)
 * :class:`Ijb`: IJB-B/C 1:1 and 1:N from the meta files
-* :class:`OmniglotOpenSet`, :class:`OmniglotOneShot`, :class:`Orl`: bundled/shared real data
+* :class:`OmniglotOpenSet`, :class:`OmniglotOneShot`, :class:`OmniglotHoldout`, :class:`Orl`:
+  bundled/shared real data
 
 :data:`PROTOCOLS` names them with their defaults (flip test, batch size, image size); both
 ``partialfc eval`` and the training config build them through :func:`build_protocols`.
@@ -19,7 +20,7 @@ from .ijb import (
     read_landmarks,
     read_template_pairs,
 )
-from .omniglot import OmniglotOneShot, OmniglotOpenSet
+from .omniglot import OmniglotHoldout, OmniglotOneShot, OmniglotOpenSet
 from .orl import Orl
 from .pairs import LfwPairs, VerificationBin
 from .registry import PROTOCOLS, build_protocol, build_protocols
@@ -40,6 +41,7 @@ __all__ = [
     "published_results",
     "Ijb",
     "LfwPairs",
+    "OmniglotHoldout",
     "OmniglotOneShot",
     "OmniglotOpenSet",
     "Orl",

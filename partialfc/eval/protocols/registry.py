@@ -10,6 +10,11 @@ name                   argument             flip   batch  size   what
                                                                  Omniglot evaluation images
 ``omniglot_one_shot``  —                    no     256    28     Lake's 20 runs of 20-way
                                                                  one-shot classification
+``omniglot_holdout``   ``[N_OR_NAMES]``     no     256    28     20-way one-shot episodes and
+                                                                 all pairs on background
+                                                                 alphabets held out of training
+                                                                 (a training config fills in
+                                                                 its own held-out alphabets)
 ``orl``                ``[ROOT]``           yes    256    —      ORL faces (default root: the
                                                                  shared data folder)
 ``lfw_dev``            —                    yes    256    —      LFW development pairs (shared
@@ -63,6 +68,20 @@ def _omniglot_one_shot(argument, flip, batch_size, size):
     return OmniglotOneShot(size=size, flip=flip, batch_size=batch_size)
 
 
+def _omniglot_holdout(argument, flip, batch_size, size):
+    from partialfc.data.omniglot_holdout import holdout_alphabets_from_text
+
+    from .omniglot import OmniglotHoldout
+
+    if not argument:
+        raise ValueError(
+            "omniglot_holdout needs the held-out alphabets: omniglot_holdout:N or "
+            "omniglot_holdout:NAME,NAME,... (a training config: data.holdout_background_alphabets)"
+        )
+    alphabets = holdout_alphabets_from_text(argument, f"omniglot_holdout:{argument}")
+    return OmniglotHoldout(alphabets, size=size, flip=flip, batch_size=batch_size)
+
+
 def _orl(argument, flip, batch_size, size):
     from .orl import Orl
 
@@ -104,6 +123,9 @@ PROTOCOLS: dict[str, ProtocolKind] = {
     for kind in (
         ProtocolKind("omniglot_open_set", "", False, 28, _omniglot_open_set, "Omniglot, all pairs"),
         ProtocolKind("omniglot_one_shot", "", False, 28, _omniglot_one_shot, "Lake's one-shot"),
+        ProtocolKind(
+            "omniglot_holdout", "[N_OR_NAMES]", False, 28, _omniglot_holdout, "held-out alphabets"
+        ),
         ProtocolKind("orl", "[ROOT]", True, None, _orl, "ORL faces"),
         ProtocolKind("lfw_dev", "", True, None, _lfw_dev, "LFW development pairs"),
         ProtocolKind("lfw_pairs", "PAIRS_TXT,IMAGES", True, None, _lfw_pairs, "LFW pairs.txt"),

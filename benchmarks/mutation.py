@@ -108,6 +108,8 @@ def rerun_counts(path: str, previous: dict) -> dict:
     codes = json.loads(meta.read_text())["exit_code_by_key"]
     out = {k: previous[k] for k in ("total", "killed", "survived", "timeout", "no_tests")}
     out["other"] = previous.get("other", 0)
+    if previous.get("not_checked"):  # a partial baseline stays partial
+        out["not_checked"] = previous["not_checked"]
     out["survived"] = out["no_tests"] = 0
     survivors = []
     for key in previous["survivors"]:

@@ -19,7 +19,9 @@ before`` records a baseline next to the current (``after``) numbers. ``--summari
 rewrites the summary from the verdicts already on disk without running anything.
 ``--rerun-survivors before`` runs only the mutants that survived under that label (valid when
 the module's source is unchanged and tests were only added: a killed mutant stays killed) and
-records the updated counts.
+records the updated counts. A re-run stopped part way can still be recorded with
+``--summarize-only --rerun-survivors LABEL``: survivors it did not reach stay counted as
+surviving and their number is stored as ``not_rerun``.
 
 mutmut re-records which tests reach which function only for tests it has not seen; after
 editing an existing test (same test id) pass ``--fresh-stats`` so the edit counts.
@@ -108,10 +110,15 @@ def rerun_counts(path: str, previous: dict) -> dict:
     codes = json.loads(meta.read_text())["exit_code_by_key"]
     out = {k: previous[k] for k in ("total", "killed", "survived", "timeout", "no_tests")}
     out["other"] = previous.get("other", 0)
+    if previous.get("not_checked"):  # a partial baseline stays partial
+        out["not_checked"] = previous["not_checked"]
     out["survived"] = out["no_tests"] = 0
-    survivors = []
+    survivors, not_rerun = [], 0
     for key in previous["survivors"]:
         code = codes.get(key)
+        if code is None:  # the re-run was stopped before this one: still counted as surviving
+            not_rerun += 1
+            code = 0
         if code in _KILLED:
             out["killed"] += 1
         elif code in _TIMEOUT:
@@ -126,6 +133,8 @@ def rerun_counts(path: str, previous: dict) -> dict:
             out["other"] += 1
     out["survivors"] = survivors
     out["rerun_of"] = len(previous["survivors"])
+    if not_rerun:
+        out["not_rerun"] = not_rerun
     return out
 
 

@@ -381,3 +381,189 @@ def test_intact_header_set_reads_back(tmp_path):
     ds = RecordIODataset(header_set(tmp_path))
     np.testing.assert_array_equal(ds.layout.identity_ranges, [[1, 3], [3, 5], [5, 7], [7, 8]])
     assert [ds[i][1] for i in range(len(ds))] == [0, 0, 1, 1, 2, 2, 3] and ds.verify() == []
+
+
+# ---------------------------------------------------------------- framing and writing details
+
+
+class _Sized:
+    """Stands in for a payload of ``n`` bytes without allocating it (only ``len`` is used
+    before the size check)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_records_of_2_to_the_29_bytes_are_refused():
+    # the length field has 29 bits: 2**29 - 1 is the largest payload it can state
+    with pytest.raises(
+        ValueError, match=r"^record of 536870912 bytes exceeds the 2\^29-byte RecordIO limit$"
+    ):
+        frame_record(_Sized(1 << 29))
+
+
+def test_framing_skips_unaligned_magics_and_splits_every_aligned_one():
+    magic = struct.pack("<I", MAGIC)
+    # unaligned magic at 1 (kept), aligned magics at 8 and 16, unaligned at 22, aligned at 28
+    payload = b"a" + magic + b"bcd" + magic + b"efgh" + magic + b"ij" + magic + b"kl" + magic
+    assert [i for i in range(len(payload)) if payload.startswith(magic, i)] == [1, 8, 16, 22, 28]
+    expected = hand_record(payload[:8], 1) + hand_record(payload[12:16], 2)
+    expected += hand_record(payload[20:28], 2) + hand_record(b"", 3)
+    assert frame_record(payload) == expected
+
+
+def test_framing_splits_a_magic_in_the_last_aligned_word():
+    magic = struct.pack("<I", MAGIC)
+    payload = b"abcdefgh" + magic  # 12 bytes, magic at 8
+    assert frame_record(payload) == hand_record(b"abcdefgh", 1) + hand_record(b"", 3)
+
+
+def test_pack_record_layout_by_hand():
+    # no data by default; a vector label writes flag = its length and a scalar label of 0.0
+    assert pack_record(IRHeader(0, 7.0, 3, 1)) == struct.pack("<IfQQ", 0, 7.0, 3, 1)
+    packed = pack_record(IRHeader(0, np.array([1.5, 2.5]), 3, 1), b"z")
+    assert packed == struct.pack("<IfQQ", 2, 0.0, 3, 1) + struct.pack("<2f", 1.5, 2.5) + b"z"
+
+
+def test_build_index_to_another_path_and_errors_name_the_offset(tmp_path):
+    records = [(k, hand_payload(k, k, b"data")) for k in range(3)]
+    rec = write_hand_set(tmp_path, records)
+    original = (tmp_path / "hand.idx").read_text()
+    assert build_index(rec, tmp_path / "other.idx") == tmp_path / "other.idx"
+    assert (tmp_path / "other.idx").read_text() == original
+    # a record whose payload is shorter than an IRHeader, at offset 8 + 24 = 32
+    (tmp_path / "short.rec").write_bytes(hand_record(hand_payload(0, 0)) + hand_record(b"tiny"))
+    with pytest.raises(
+        RecordIOError,
+        match=r"short.rec: offset 32: payload of 4 bytes is shorter than IRHeader$",
+    ):
+        build_index(tmp_path / "short.rec")
+    # a bad magic found by the scan is named by its offset
+    (tmp_path / "bad.rec").write_bytes(hand_record(hand_payload(0, 0)) + b"\0" * 8)
+    with pytest.raises(RecordIOError, match=r"bad.rec: record id #32 at offset 32: bad magic"):
+        build_index(tmp_path / "bad.rec")
+
+
+def test_writer_close_failure_keeps_errno_and_names_the_file(tmp_path):
+    import errno
+
+    class FullDisk:
+        def close(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    writer = RecordIOWriter(tmp_path / "x.rec")
+    writer.write(0, b"abc")
+    writer._rec.close()
+    writer._rec = FullDisk()
+    with pytest.raises(OSError) as err:
+        writer.close()
+    assert err.value.errno == errno.ENOSPC
+    assert err.value.strerror == f"{tmp_path / 'x.rec'}: cannot write: No space left on device"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_counts_uses_its_idx_path_and_refuses_duplicates(tmp_path):
+    payloads = [hand_payload(k, k, b"data") for k in range(3)]
+    with RecordIOWriter(tmp_path / "w.rec", tmp_path / "elsewhere.idx") as writer:
+        for k, payload in enumerate(payloads):
+            writer.write(k, payload)
+        assert writer.count == 3
+        with pytest.raises(ValueError, match=r"^.*w\.rec: duplicate record id 1$"):
+            writer.write(1, payloads[1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.idx", "w.rec"]
+    reader = RecordIOReader(tmp_path / "w.rec", tmp_path / "elsewhere.idx")
+    assert [reader.read(k) for k in range(3)] == payloads
+
+
+def test_writer_write_failure_keeps_errno_and_names_the_file(tmp_path):
+    import errno
+
+    class FullDisk:
+        def tell(self):
+            return 0
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    writer = RecordIOWriter(tmp_path / "x.rec")
+    writer._rec.close()
+    writer._rec = FullDisk()
+    with pytest.raises(OSError) as err:
+        writer.write(0, b"abc")
+    assert err.value.errno == errno.ENOSPC
+    assert err.value.strerror == f"{tmp_path / 'x.rec'}: cannot write: No space left on device"
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_record_index_offset_by_key():
+    from partialfc.data.recordio import RecordIndex
+
+    index = RecordIndex(np.array([5, 3, 9]), np.array([0, 40, 80]), 120)  # not contiguous
+    assert [index.offset(k) for k in (3, 5, 9)] == [40, 0, 80]
+    assert [index.offset(k) for k in (0, 4, 10)] == [-1, -1, -1]
+    contiguous = RecordIndex(np.array([4, 3]), np.array([40, 0]), 80)
+    assert [contiguous.offset(k) for k in (2, 3, 4, 5)] == [-1, 0, 40, -1]
+
+
+def test_plain_set_label_equal_to_the_image_count_is_refused(tmp_path):
+    rec = plain_set(tmp_path, labels=(0, 1, 2, 4))
+    with pytest.raises(
+        RecordIOError, match=r"record id 3 at offset \d+: label 4 is not a class id .*\[0, 4\)"
+    ):
+        RecordIODataset(rec)[3]
+
+
+def test_one_element_label_vectors_and_short_records_in_a_data_set(tmp_path):
+    imgs = images(2)
+    records = [(k, hand_payload([float(k)], k, encode_image(imgs[k], ".png"))) for k in range(2)]
+    records.append((2, b"tiny"))
+    rec = write_hand_set(tmp_path, records)
+    ds = RecordIODataset(rec)
+    assert [ds[i][1] for i in range(2)] == [0, 1]
+    np.testing.assert_array_equal(ds[1][0].permute(1, 2, 0).numpy(), imgs[1])
+    where = rf"hand.rec: record id 2 at offset {record_offset(rec, 2)}"
+    with pytest.raises(
+        RecordIOError, match=rf"{where}: payload of 4 bytes is shorter than IRHeader$"
+    ):
+        ds[2]
+    ((key, message),) = ds.verify()
+    assert key == 2 and message.endswith(
+        f"record id 2 at offset {record_offset(rec, 2)}: payload of 4 bytes is shorter than "
+        "IRHeader"
+    )
+
+
+@pytest.mark.parametrize(
+    "key, values, message",
+    [
+        # 2**53 is exactly representable in float32 but no longer a safe key
+        (0, (8.0, 2.0**53), r"header record \(id 0\): key range \(8, 9\.0072e\+15\) is not two"),
+        (9, (3.5, 5.0), r"identity record id 9: key range \(3\.5, 5\) is not two whole numbers"),
+        (9, (-3.0, 5.0), r"identity record id 9: key range \(-3, 5\) is not two whole numbers"),
+        (8, (0.0, 3.0), r"identity record id 8: key range \(0, 3\) should start at 1 \(the first"),
+    ],
+)
+def test_key_ranges_must_be_safe_whole_numbers(tmp_path, key, values, message):
+    rec = header_set(tmp_path)  # header (8, 12); identities [1,3) [3,5) [5,7) [7,8)
+    raw = bytearray(rec.read_bytes())
+    struct.pack_into("<2f", raw, record_offset(rec, key) + 8 + 24, *values)
+    rec.write_bytes(bytes(raw))
+    with pytest.raises(RecordIOError, match=rf"hs.rec: {message}"):
+        RecordIODataset(rec)
+
+
+def test_key_range_vectors_may_carry_more_than_two_values(tmp_path):
+    imgs = images(3)
+    records = [(0, hand_payload([4.0, 6.0, 99.0], 0))]
+    records += [(k, hand_payload(k // 3, k, encode_image(imgs[k - 1], ".png"))) for k in (1, 2, 3)]
+    records += [(4, hand_payload([1.0, 3.0, 7.0], 4)), (5, hand_payload([3.0, 4.0, 7.0], 5))]
+    ds = RecordIODataset(write_hand_set(tmp_path, records))
+    np.testing.assert_array_equal(ds.layout.identity_ranges, [[1, 3], [3, 4]])
+    assert [ds[i][1] for i in range(3)] == [0, 0, 1]

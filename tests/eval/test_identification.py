@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from partialfc.eval import identification_report
+from partialfc.eval import clopper_pearson, identification_report
 from partialfc.eval.identification import (
     cmc,
     cmc_from_ranks,
@@ -108,6 +108,101 @@ def test_open_set_fnir_at_fpir_by_hand():
     assert p.tpir == pytest.approx(0.6)
     (p2,) = open_set_identification(m, nonmated, target_fpirs=[0.1], rank=2)
     assert p2.fnir.k == 1
+
+
+def test_cmc_fields_default_depth_and_not_found_by_hand():
+    # ranks 0 (not found) and 25 (beyond the default depth of 20) are misses at every rank
+    curve = cmc_from_ranks([0, 1, 3, 25])
+    assert curve.ranks.tolist() == list(range(1, 21))
+    assert curve.hits.tolist() == [1, 1] + [2] * 18 and curve.n_probes == 4
+    sim, labels = _similarity_with_ranks(SEED_RANKS)
+    assert cmc(sim, labels, np.arange(5)).ranks.tolist() == list(range(1, 21))
+    # the same ranks as floats (e.g. read back from JSON) or as a column
+    for ranks in ([0.0, 1.0, 3.0, 25.0], np.array([[0], [1], [3], [25]])):
+        assert cmc_from_ranks(ranks).hits.tolist() == curve.hits.tolist()
+
+
+def test_cmc_and_open_set_to_dict_by_hand():
+    curve = cmc_from_ranks([1, 2, 0, 1], max_rank=3)
+    assert curve.to_dict() == {
+        "ranks": [1, 2, 3],
+        "hits": [2, 3, 3],
+        "n_probes": 4,
+        "type": "CmcCurve",
+        "rates": [0.5, 0.75, 0.75],
+    }
+    nonmated = [0.7, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3, 0.2, 0.1, 0.0]
+    m = mated_search(np.array([[0.9, 0.1], [0.2, 0.75]]), [0, 0], [0, 1])
+    (p,) = open_set_identification(m, nonmated, target_fpirs=[0.1])
+    d = p.to_dict()
+    assert d["tpir"] == 0.5 and d["type"] == "OpenSetPoint"
+    assert (d["target_fpir"], d["rank"], d["fnir"]["k"], d["fpir"]["k"]) == (0.1, 1, 1, 1)
+
+
+def test_labels_given_as_columns_are_read_as_their_values():
+    sim = np.array([[0.6, 0.2, 0.6, 0.1], [0.1, 0.9, 0.95, 0.97], [0.3, 0.2, 0.1, 0.4]])
+    flat = mated_search(sim, [0, 7, 2], [0, 0, 1, 2])
+    assert flat.ranks.tolist() == [2, 0, 1]
+    column = mated_search(sim, np.array([[0], [7], [2]]), np.array([[0], [0], [1], [2]]))
+    assert column.ranks.tolist() == [2, 0, 1]
+    unique = mated_search(sim, [0, 7, 2], np.array([[0], [5], [1], [2]]))
+    assert unique.ranks.tolist() == [2, 0, 1]
+    nl = np.array([[3, 3, 5, 1], [2, 4, 4, 4], [9, 9, 9, 9]])
+    assert ranks_from_neighbors(nl, np.array([[1], [2], [1]])).tolist() == [3, 1, 0]
+
+
+def test_probe_absent_from_a_gallery_that_brackets_it():
+    # label 1 sorts between the enrolled 0 and 2: still absent, rank 0, score -inf
+    m = mated_search(np.array([[0.2, 0.9], [0.8, 0.1]]), [1, 0], [0, 2])
+    assert m.ranks.tolist() == [0, 1] and m.ranks.dtype == np.int64
+    assert m.mated_scores.tolist() == [-np.inf, 0.8]
+    r = ranks_from_neighbors(np.array([[2, 0], [0, 2]]), [1, 0])
+    assert r.tolist() == [0, 1] and r.dtype == np.int64
+
+
+def test_score_precision_float32_kept_integers_become_float64():
+    sim32 = np.array([[0.25, 0.5]], dtype=np.float32)
+    assert mated_search(sim32, [1], [0, 1]).mated_scores.dtype == np.float32
+    m = mated_search(np.array([[3, 7, 7]]), [1], [0, 1, 2])
+    assert m.ranks.tolist() == [2] and m.mated_scores.tolist() == [7.0]
+    assert m.mated_scores.dtype == np.float64
+
+
+def test_open_set_skips_unresolvable_fpirs_wherever_they_are():
+    nonmated = [0.7, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3, 0.2, 0.1, 0.0]
+    m = mated_search(np.array([[0.9, 0.1]]), [0], [0, 1])
+    points = open_set_identification(m, nonmated, target_fpirs=[0.01, 0.1, 0.05, 0.2])
+    assert [p.target_fpir for p in points] == [0.1, 0.2]
+
+
+def test_open_set_mated_score_at_the_threshold_is_a_hit_and_fields_by_hand():
+    # FPIR 0.1 of 10 -> threshold = next float64 above 0.5; a mated score equal to it is kept
+    nonmated = [0.7, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3, 0.2, 0.1, 0.0]
+    at = float(np.nextafter(0.5, 1.0))
+    m = mated_search(np.array([[at, 0.1], [0.5, 0.1], [0.2, 0.3]]), [0, 0, 0], [0, 1])
+    (p,) = open_set_identification(m, np.array(nonmated)[:, None], [0.1], rank=2, confidence=0.8)
+    assert p.threshold == at and (p.target_fpir, p.rank) == (0.1, 2)
+    assert (p.fpir.k, p.fpir.n, p.fnir.k, p.fnir.n) == (1, 10, 2, 3)
+    assert (p.fpir.lower, p.fpir.upper) == pytest.approx(clopper_pearson(1, 10, 0.8))
+    assert (p.fnir.lower, p.fnir.upper) == pytest.approx(clopper_pearson(2, 3, 0.8))
+    assert p.fpir.confidence == p.fnir.confidence == 0.8
+
+
+def test_identification_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"^ranks is empty$"):
+        cmc_from_ranks([])
+    with pytest.raises(ValueError, match=r"^ranks must be >= 0 \(0 = not found\)$"):
+        cmc_from_ranks([1, -1])
+    with pytest.raises(ValueError, match=r"^similarity has 2 rows, 3 labels$"):
+        mated_search(np.zeros((2, 4)), [0, 1, 2], [0, 1, 2, 3])
+    with pytest.raises(ValueError, match=r"^similarity \(1, 2\) does not match 3 gallery labels$"):
+        mated_search(np.zeros((1, 2)), [0], [0, 1, 2])
+    with pytest.raises(ValueError, match=r"^neighbor_labels \(2, 3\) vs 3 probes$"):
+        ranks_from_neighbors(np.zeros((2, 3)), [0, 1, 2])
+    with pytest.raises(
+        ValueError, match=r"^no non-mated probes: open-set rates need probes absent"
+    ):
+        open_set_identification(mated_search(np.ones((1, 1)), [0], [0]), [])
 
 
 def _unit(rng, n, d):

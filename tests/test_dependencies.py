@@ -33,6 +33,8 @@ DISTRIBUTION = {
     "tqdm": "tqdm",
     "yaml": "pyyaml",
 }
+# imported only by optional features: import name -> distribution of an extra
+OPTIONAL = {"mlflow": "mlflow-skinny"}
 # needed at run time without an import of their own
 INDIRECT = {"onnxscript": "torch.onnx.export(dynamo=True) runs on it"}
 
@@ -59,8 +61,13 @@ def _library_imports() -> set[str]:
 def test_every_imported_package_is_a_dependency_and_every_dependency_is_used():
     declared = _names(_project()["dependencies"])
     imported = _library_imports()
+    optional = imported & set(OPTIONAL)
+    imported -= optional
     unknown = imported - set(DISTRIBUTION)
     assert not unknown, f"imports without a known distribution: {sorted(unknown)}"
+    extras = set().union(*map(_names, _project()["optional-dependencies"].values()))
+    not_in_extra = {OPTIONAL[name] for name in optional} - extras
+    assert not not_in_extra, f"optional imports in no extra: {sorted(not_in_extra)}"
     missing = {DISTRIBUTION[name] for name in imported} - declared
     assert not missing, f"imported but not declared: {sorted(missing)}"
     unused = declared - {DISTRIBUTION[name] for name in imported} - set(INDIRECT)

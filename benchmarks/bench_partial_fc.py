@@ -169,6 +169,12 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _clock(device: str):
+    """CPU time of this process on a CPU (a shared machine stretches wall time, not CPU time;
+    with one thread it is the cost of the work), wall time on an accelerator."""
+    return time.process_time if device == "cpu" else time.perf_counter
+
+
 def _gemm_seconds(
     batch: int, active_rows: int, repeats: int = 3, device: str = "cpu", precision=None
 ) -> float:
@@ -181,10 +187,10 @@ def _gemm_seconds(
     x = torch.randn(batch, DIM, device=device, dtype=dtype)
     w = torch.randn(active_rows, DIM, device=device, dtype=dtype)
     g = torch.randn(batch, active_rows, device=device, dtype=dtype)
-    best = float("inf")
+    best, clock = float("inf"), _clock(device)
     for _ in range(repeats + 1):  # the first run touches the output pages
         _sync(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         if native:
             precision.mm(x, w.t(), rounded=True)
             precision.mm(g, w, rounded=True)
@@ -194,13 +200,14 @@ def _gemm_seconds(
             torch.mm(g, w)
             torch.mm(g.t(), x)
         _sync(device)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
 def gemm_rates(threads: int) -> dict:
-    """Measured GEMM rates of this machine (GFLOP/s, best of 3): float32 at 1024^3 and torch's
-    native bfloat16 at 256^3 (smaller: it can be a slow fallback), plus the CPU capability."""
+    """Measured GEMM rates of this machine (GFLOP/s of process CPU time, best of 3): float32 at
+    1024^3 and torch's native bfloat16 at 256^3 (smaller: it can be a slow fallback), plus the
+    CPU capability."""
     import torch
 
     from partialfc.losses.gemm_precision import cpu_has_native_bfloat16
@@ -212,9 +219,9 @@ def gemm_rates(threads: int) -> dict:
         torch.mm(a, b)
         best = float("inf")
         for _ in range(3):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             torch.mm(a, b)
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, time.process_time() - t0)
         rates[f"{str(dtype).removeprefix('torch.')}_{n}"] = round(2 * n**3 / best / 1e9, 2)
     return dict(
         gemm_gflops=rates,
@@ -270,12 +277,12 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
         opt = torch.optim.SGD(pfc.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
         state_bytes = 2 * pfc.weight.numel() * 4  # weights + momentum (the dense grad is extra)
     built_rss = _rss_bytes()
-    times = []
+    times, cpu_times = [], []
     for step in range(cfg["steps"] + 1):
         if world > 1:
             dist.barrier()
         _sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = pfc(x, y)
         loss.backward()
         opt.step()
@@ -286,11 +293,13 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
             dist.barrier()
         if step > 0:  # step 0 warms up (first touch of buffers, lazy optimizer state)
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
     active = pfc.budget * pfc.num_subcenters
     result = dict(
         rank=rank,
         step_s=sorted(times)[len(times) // 2],
         step_min_s=min(times),
+        step_cpu_s=min(cpu_times),
         loss=float(loss.detach()),
         active_rows_per_rank=active,
         state_bytes=state_bytes,
@@ -346,6 +355,8 @@ def _summarise(cfg: dict, res: dict) -> dict:
         step_min_ms=round(res.get("step_min_s", res["step_s"]) * 1e3, 2),
         gemm_limit_ms=round(res["gemm_s"] * 1e3, 2),
         ratio_to_gemm=round(res["step_s"] / res["gemm_s"], 2),
+        step_cpu_ms=round(res["step_cpu_s"] * 1e3, 2),
+        cpu_ratio_to_gemm=round(res["step_cpu_s"] / res["gemm_s"], 2),
         active_rows_per_rank=res["active_rows_per_rank"],
         state_gb=round(res["state_bytes"] / 1e9, 3),
         layer_peak_gb=round(res["layer_peak_bytes"] / 1e9, 3),
@@ -480,7 +491,9 @@ def main(argv=None) -> int:
             "step = forward + backward + optimizer (median and best of the timed steps after one "
             "warm-up; on a shared machine the best is closer to what the code costs); "
             "gemm_limit = bare time of the 3 GEMMs over the active rows in the layer's compute "
-            "precision on its path (float32 GEMMs for float32 and emulated bfloat16); "
+            "precision on its path (float32 GEMMs for float32 and emulated bfloat16), process "
+            "CPU time on a CPU; step_cpu_ms / cpu_ratio_to_gemm: the step in process CPU time "
+            "(what counts on a loaded machine); "
             "layer_peak = "
             "peak RSS - RSS before building the layer (measured after a one-step warm-up of "
             "the libraries on a 64-class layer); state = centers + optimizer state"

@@ -47,10 +47,10 @@ def profile_step(name: str, size: int, channels: int, batch: int, bf16: bool, la
         opt.zero_grad(set_to_none=True)
 
     step()  # warm-up (oneDNN primitive creation, lazy allocations)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the machine may be shared
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events) or 1.0
     rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
@@ -107,8 +107,10 @@ def main(argv=None) -> int:
             **gemm_rates(1),
         ),
         notes=(
-            "one profiled training step after one warm-up, 1 thread; step_s includes the "
-            "profiler's overhead; share = the operator's self CPU time / all self CPU time"
+            "one profiled training step after one warm-up, 1 thread; step_s = process CPU "
+            "time of the step incl. the profiler's overhead; operator times are the "
+            "profiler's (wall-clock, so inflated alike on a loaded machine); share = the "
+            "operator's self time / all self time"
         ),
         results=results,
     )

@@ -5,11 +5,16 @@ belongs to it alone. The layer's memory is ``peak RSS - RSS before the layer was
 a one-step warm-up on a tiny layer, so library start-up buffers are not counted); the
 reference is the persistent state (centers + optimizer state). The speed limit is the bare
 float32 GEMM time of the active rows (three GEMMs: logits, embedding grad, center grad) with
-the same thread count; ``ratio_to_gemm = step_s / gemm_s``.
+the same thread count; ``ratio_to_gemm = step_s / gemm_s``. With ``compute_dtype`` bfloat16 or
+float16 the limit is the three GEMMs in that precision on the path the layer takes: the native
+low-precision GEMM where the hardware has one, else the float32 GEMM of rounded operands (the
+fastest bfloat16 arithmetic on a CPU without bfloat16 units). The report states the measured
+float32 and native bfloat16 GEMM rates of the machine and its CPU capability.
 
     python benchmarks/bench_partial_fc.py --out benchmarks/results/partial_fc.json
     python benchmarks/bench_partial_fc.py --preset quick          # seconds, smoke check
     python benchmarks/bench_partial_fc.py --preset ten-million    # one 10^7-class run (~21 GB)
+    python benchmarks/bench_partial_fc.py --preset mixed --threads 1   # compute_dtype rows
 
 Output: JSON with the machine facts and one record per configuration.
 """
@@ -80,6 +85,59 @@ PRESETS = {
             storage_dtype="bfloat16",
         ),  # fmt: skip
     ],
+    "mixed": [
+        *[
+            dict(
+                num_classes=c,
+                batch=256,
+                rate=0.1,
+                world=1,
+                update="sparse",
+                steps=s,
+                compute_dtype=dt,
+            )  # fmt: skip
+            for c, s in ((100_000, 4), (1_000_000, 2))
+            for dt in ("float32", "bfloat16")
+        ],
+        dict(
+            num_classes=1_000_000,
+            batch=256,
+            rate=0.1,
+            world=1,
+            update="sparse",
+            steps=2,
+            compute_dtype="bfloat16",
+            storage_dtype="bfloat16",
+        ),  # fmt: skip
+        # torch's native bfloat16 GEMM, at a size where its rate on the machine shows
+        *[
+            dict(
+                num_classes=10_000,
+                batch=256,
+                rate=0.1,
+                world=1,
+                update="sparse",
+                steps=2,
+                compute_dtype=dt,
+                gemm_path=path,
+            )  # fmt: skip
+            for dt, path in (("float32", "auto"), ("bfloat16", "emulated"), ("bfloat16", "native"))
+        ],
+    ],
+    "cuda-mixed": [
+        dict(
+            num_classes=c,
+            batch=512,
+            rate=0.1,
+            world=1,
+            update="sparse",
+            steps=5,
+            device="cuda",
+            compute_dtype=dt,
+        )  # fmt: skip
+        for c in (1_000_000, 10_000_000)
+        for dt in ("float32", "bfloat16", "float16")
+    ],
     "ten-million": [
         dict(
             num_classes=10_000_000,
@@ -111,25 +169,66 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _gemm_seconds(batch: int, active_rows: int, repeats: int = 3, device: str = "cpu") -> float:
-    """Bare float32 time of the three GEMMs of one step over ``active_rows`` centers."""
+def _clock(device: str):
+    """CPU time of this process on a CPU (a shared machine stretches wall time, not CPU time;
+    with one thread it is the cost of the work), wall time on an accelerator."""
+    return time.process_time if device == "cpu" else time.perf_counter
+
+
+def _gemm_seconds(
+    batch: int, active_rows: int, repeats: int = 3, device: str = "cpu", precision=None
+) -> float:
+    """Bare time of the three GEMMs of one step over ``active_rows`` centers: float32, or the
+    operands of ``precision`` on its path (a native low-precision GEMM, or float32)."""
     import torch
 
-    x = torch.randn(batch, DIM, device=device)
-    w = torch.randn(active_rows, DIM, device=device)
-    g = torch.empty(batch, active_rows, device=device)
-    gx = torch.empty(batch, DIM, device=device)
-    gw = torch.empty(active_rows, DIM, device=device)
-    best = float("inf")
+    native = precision is not None and precision.path == "native"
+    dtype = precision.dtype if native else torch.float32
+    x = torch.randn(batch, DIM, device=device, dtype=dtype)
+    w = torch.randn(active_rows, DIM, device=device, dtype=dtype)
+    g = torch.randn(batch, active_rows, device=device, dtype=dtype)
+    best, clock = float("inf"), _clock(device)
     for _ in range(repeats + 1):  # the first run touches the output pages
         _sync(device)
-        t0 = time.perf_counter()
-        torch.mm(x, w.t(), out=g)
-        torch.mm(g, w, out=gx)
-        torch.mm(g.t(), x, out=gw)
+        t0 = clock()
+        if native:
+            precision.mm(x, w.t(), rounded=True)
+            precision.mm(g, w, rounded=True)
+            precision.mm(g.t(), x, rounded=True)
+        else:
+            torch.mm(x, w.t())
+            torch.mm(g, w)
+            torch.mm(g.t(), x)
         _sync(device)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
+
+
+def gemm_rates(threads: int) -> dict:
+    """Measured GEMM rates of this machine (GFLOP/s of process CPU time, best of 3): float32 at
+    1024^3 and torch's native bfloat16 at 256^3 (smaller: it can be a slow fallback), plus the
+    CPU capability."""
+    import torch
+
+    from partialfc.losses.gemm_precision import cpu_has_native_bfloat16
+
+    torch.set_num_threads(threads)
+    rates = {}
+    for dtype, n in ((torch.float32, 1024), (torch.bfloat16, 256)):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.process_time()
+            torch.mm(a, b)
+            best = min(best, time.process_time() - t0)
+        rates[f"{str(dtype).removeprefix('torch.')}_{n}"] = round(2 * n**3 / best / 1e9, 2)
+    return dict(
+        gemm_gflops=rates,
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        cpu_native_bfloat16=cpu_has_native_bfloat16(),
+        threads=threads,
+    )
 
 
 def _warm_up_libraries(device: str, world: int) -> None:
@@ -168,7 +267,9 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
     base_rss = _rss_bytes()
     pfc = PartialFC(cfg["num_classes"], DIM, ArcFaceMargin(), sample_rate=cfg["rate"],
                     update=cfg["update"], storage_dtype=dtype, seed=0, device=device,
-                    storage_device=cfg.get("storage_device"))  # fmt: skip
+                    storage_device=cfg.get("storage_device"),
+                    compute_dtype=cfg.get("compute_dtype", "float32"),
+                    gemm_path=cfg.get("gemm_path", "auto"))  # fmt: skip
     if cfg["update"] == "sparse":
         opt = RowSparseSGD(pfc, lr=0.1, momentum=cfg.get("momentum", 0.9), weight_decay=5e-4)
         state_bytes = pfc.centers.nbytes() + sum(t.nbytes() for t in opt.tables.values())
@@ -176,12 +277,12 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
         opt = torch.optim.SGD(pfc.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
         state_bytes = 2 * pfc.weight.numel() * 4  # weights + momentum (the dense grad is extra)
     built_rss = _rss_bytes()
-    times = []
+    times, cpu_times = [], []
     for step in range(cfg["steps"] + 1):
         if world > 1:
             dist.barrier()
         _sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = pfc(x, y)
         loss.backward()
         opt.step()
@@ -192,23 +293,27 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
             dist.barrier()
         if step > 0:  # step 0 warms up (first touch of buffers, lazy optimizer state)
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
     active = pfc.budget * pfc.num_subcenters
     result = dict(
         rank=rank,
         step_s=sorted(times)[len(times) // 2],
         step_min_s=min(times),
+        step_cpu_s=min(cpu_times),
         loss=float(loss.detach()),
         active_rows_per_rank=active,
         state_bytes=state_bytes,
         layer_peak_bytes=_peak_rss_bytes() - base_rss,
         build_bytes=built_rss - base_rss,
         peak_rss_bytes=_peak_rss_bytes(),
+        gemm_path=pfc.precision.describe(),
     )
+    precision = pfc.precision
     if device.startswith("cuda"):
         result["device_peak_bytes"] = torch.cuda.max_memory_allocated()
     del pfc, opt, loss  # the GEMM limit below needs room for full-size float32 operands
     if rank == 0:
-        result["gemm_s"] = _gemm_seconds(cfg["batch"], active, device=device)
+        result["gemm_s"] = _gemm_seconds(cfg["batch"], active, device=device, precision=precision)
     if world > 1:
         dist.destroy_process_group()
     queue.put(result) if queue is not None else print(json.dumps(result))
@@ -250,6 +355,8 @@ def _summarise(cfg: dict, res: dict) -> dict:
         step_min_ms=round(res.get("step_min_s", res["step_s"]) * 1e3, 2),
         gemm_limit_ms=round(res["gemm_s"] * 1e3, 2),
         ratio_to_gemm=round(res["step_s"] / res["gemm_s"], 2),
+        step_cpu_ms=round(res["step_cpu_s"] * 1e3, 2),
+        cpu_ratio_to_gemm=round(res["step_cpu_s"] / res["gemm_s"], 2),
         active_rows_per_rank=res["active_rows_per_rank"],
         state_gb=round(res["state_bytes"] / 1e9, 3),
         layer_peak_gb=round(res["layer_peak_bytes"] / 1e9, 3),
@@ -257,6 +364,7 @@ def _summarise(cfg: dict, res: dict) -> dict:
         process_peak_rss_gb=round(res["peak_rss_bytes"] / 1e9, 3),
         state_bytes_per_class=round(res["state_bytes"] * cfg["world"] / cfg["num_classes"], 1),
         loss=round(res["loss"], 4),
+        gemm_path=res["gemm_path"],
     )
     if "device_peak_bytes" in res:
         out["device_peak_gb"] = round(res["device_peak_bytes"] / 1e9, 3)
@@ -376,12 +484,17 @@ def main(argv=None) -> int:
             platform=platform.platform(),
             cpus=os.cpu_count(),
             threads=args.threads,
+            gemm_rates=gemm_rates(args.threads),
             load_average_at_end=[round(v, 2) for v in os.getloadavg()],
         ),
         notes=(
             "step = forward + backward + optimizer (median and best of the timed steps after one "
             "warm-up; on a shared machine the best is closer to what the code costs); "
-            "gemm_limit = bare fp32 time of the 3 GEMMs over the active rows; layer_peak = "
+            "gemm_limit = bare time of the 3 GEMMs over the active rows in the layer's compute "
+            "precision on its path (float32 GEMMs for float32 and emulated bfloat16), process "
+            "CPU time on a CPU; step_cpu_ms / cpu_ratio_to_gemm: the step in process CPU time "
+            "(what counts on a loaded machine); "
+            "layer_peak = "
             "peak RSS - RSS before building the layer (measured after a one-step warm-up of "
             "the libraries on a 64-class layer); state = centers + optimizer state"
         ),

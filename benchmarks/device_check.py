@@ -18,17 +18,33 @@ Sections (each independent; a failure is recorded, the rest still run):
 5. ``pfc_speed``: Partial FC step time on the GPU at C = 1e6 and 1e7 (d = 512, B = 512,
    r = 0.1), sparse vs dense, with the bare GEMM time of the active rows as the limit and the
    peak CUDA memory.
+6. ``pfc_compute_dtype``: Partial FC with ``compute_dtype`` float16 / bfloat16 on the GPU (the
+   native path, float32 output): loss and gradients against float32 compute within the
+   derived tolerance; step time at C = 1e6 and 1e7 (B = 512, r = 0.1) against the bare GEMM
+   time of the active rows *in that dtype*, and the peak CUDA memory.
+7. ``vs_arcface_torch`` (with ``--insightface DIR``, a local deepinsight/insightface copy):
+   ``benchmarks/bench_vs_arcface_torch.py`` on the GPU, C = 1e6 and 1e7, B = 512, float32 and
+   mixed precision (V2 ``fp16=True`` against ours ``compute_dtype=float16``); its JSON is
+   embedded and written next to ``--out``.
+
+One command for everything on a GPU machine::
+
+    python benchmarks/device_check.py --insightface /path/to/insightface \
+        --out benchmarks/results/device_check_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -351,11 +367,120 @@ def check_pfc_speed(quick: bool):
     return {"rows": rows}
 
 
+@section("pfc_compute_dtype")
+def check_pfc_compute_dtype(quick: bool):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out = {"agreement": [], "speed": []}
+    # agreement: r = 1, small; logits move by at most s u sqrt(2/d) typically (u = 2^-8 bf16,
+    # 2^-11 fp16), gradients by 2u + s u sqrt(2/d) relative (see the precision tests)
+    c, d, b, s = 1000, 64, 64, 32.0
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(b, d, generator=gen).cuda(), torch.randint(0, c, (b,), generator=gen).cuda()
+    ref = None
+    for dtype in ("float32", "bfloat16", "float16"):
+        pfc = PartialFC(c, d, ArcFaceMargin(0.5, s), compute_dtype=dtype, device="cuda",
+                        seed=1, init_std=0.25)  # fmt: skip
+        xe = x.clone().requires_grad_(True)
+        loss = pfc(xe, y)
+        loss.backward()
+        got = (loss.item(), xe.grad.clone(), pfc.active_rows.center_grad().clone())
+        if ref is None:
+            ref = got
+            continue
+        u = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+        rel = [float((g - r).norm() / r.norm()) for g, r in zip(got[1:], ref[1:], strict=True)]
+        row = {
+            "compute_dtype": dtype,
+            "path": pfc.precision.describe(),
+            "loss_diff": abs(got[0] - ref[0]),
+            "loss_tol": s * u * math.sqrt(2 / d),
+            "grad_rel": rel,
+            "grad_rtol": 2 * u + s * u * math.sqrt(2 / d),
+        }
+        row["ok"] = row["loss_diff"] <= row["loss_tol"] and max(rel) <= row["grad_rtol"]
+        out["agreement"].append(row)
+        print(row, flush=True)
+    dim, batch, rate = 512, 512, 0.1
+    sizes = [1_000_000] if quick else [1_000_000, 10_000_000]
+    for num_classes in sizes:
+        for dtype in ("float32", "bfloat16", "float16"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            pfc = PartialFC(num_classes, dim, ArcFaceMargin(), sample_rate=rate,
+                            compute_dtype=dtype, device="cuda")  # fmt: skip
+            opt = RowSparseSGD(pfc, lr=0.1, momentum=0.9, weight_decay=5e-4)
+            x = torch.randn(batch, dim, device="cuda")
+            y = torch.randint(0, num_classes, (batch,), device="cuda")
+            times = []
+            for i in range(8):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                xe = x.clone().requires_grad_(True)
+                pfc(xe, y).backward()
+                opt.step()
+                torch.cuda.synchronize()
+                if i >= 3:
+                    times.append(time.perf_counter() - t0)
+            step_s = sorted(times)[len(times) // 2]
+            active = pfc.budget
+            low = getattr(torch, dtype)
+            w = torch.randn(active, dim, device="cuda", dtype=low)
+            g = torch.randn(batch, active, device="cuda", dtype=low)
+            xl = x.to(low)
+            kw = {} if low == torch.float32 else {"out_dtype": torch.float32}
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(10):
+                torch.mm(xl, w.t(), **kw)
+                torch.mm(g, w, **kw)
+                torch.mm(g.t(), xl, **kw)
+            torch.cuda.synchronize()
+            gemm_s = (time.perf_counter() - t0) / 10
+            flops = 3 * 2 * batch * active * dim
+            row = {
+                "num_classes": num_classes,
+                "compute_dtype": dtype,
+                "path": pfc.precision.describe(),
+                "batch": batch,
+                "rate": rate,
+                "active_rows": active,
+                "step_ms": round(step_s * 1e3, 3),
+                "gemm_limit_ms": round(gemm_s * 1e3, 3),
+                "gemm_tflops": round(flops / gemm_s / 1e12, 1),
+                "ratio_to_gemm": round(step_s / gemm_s, 2),
+                "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+            }
+            out["speed"].append(row)
+            print(row, flush=True)
+            del pfc, opt, x, y, w, g, xl
+    assert all(r["ok"] for r in out["agreement"]), out["agreement"]
+    return out
+
+
+@section("vs_arcface_torch")
+def check_vs_arcface_torch(insightface: str, out_path: str, quick: bool):
+    script = Path(__file__).with_name("bench_vs_arcface_torch.py")
+    target = Path(out_path).with_name(Path(out_path).stem + "_vs_arcface_torch.json")
+    classes = ["1000000"] if quick else ["1000000", "10000000"]
+    cmd = [sys.executable, str(script), "--insightface", insightface, "--device", "cuda",
+           "--batch", "512", "--steps", "5", "--threads", "4", "--classes", *classes,
+           "--out", str(target)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    report = json.loads(target.read_text())
+    print(report["ratios"], flush=True)
+    return {"json": str(target), "ratios": report["ratios"], "results": report["results"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="device_check.json")
     parser.add_argument("--quick", action="store_true", help="smaller runs")
     parser.add_argument("--only", nargs="*", default=None, help="section names to run")
+    parser.add_argument(
+        "--insightface", default=None, help="local deepinsight/insightface copy (section 7)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check", file=sys.stderr)
@@ -374,7 +499,11 @@ def main() -> int:
         ("gloo_cuda_2ranks", check_gloo_cuda, ()),
         ("amp_training", check_amp_training, (args.quick,)),
         ("pfc_speed", check_pfc_speed, (args.quick,)),
+        ("pfc_compute_dtype", check_pfc_compute_dtype, (args.quick,)),
     ]
+    if args.insightface:
+        plan.append(("vs_arcface_torch", check_vs_arcface_torch,
+                     (args.insightface, args.out, args.quick)))  # fmt: skip
     for name, fn, fn_args in plan:
         if wanted is None or name in wanted:
             fn(*fn_args)

@@ -18,6 +18,12 @@ Per step, on every rank (``N`` ranks, global batch ``B = sum_r b_r``):
    (all-reduce SUM) and the target logit ``t_i`` (all-reduce SUM, one rank contributes);
    ``loss = (1/B) sum_i [log S_i + m_i - t_i]``, identical on every rank.
 
+Compute precision (``compute_dtype``): the three GEMMs of the active rows (scores, embedding
+gradient, center gradient) take float32, bfloat16 or float16 operands with float32
+accumulation (:mod:`partialfc.losses.gemm_precision`); norms, margin, max, ``exp``, sums,
+``log``, the loss and the optimizer are float32 in every precision, and the storage dtype is an
+independent choice.
+
 Gradients. Centers: ``d loss / d w`` of the global-mean loss, exact, rank-local (no
 communication). Embeddings: the all-gather's backward sums the per-rank partials, so rank k
 receives ``d loss / d x_i`` for its own rows. The backbone is data-parallel and its gradient
@@ -75,6 +81,7 @@ from partialfc.classifier.storage import (
     chunk_rows,
 )
 from partialfc.losses.contract import Head, OptimizerSettings
+from partialfc.losses.gemm_precision import GemmPrecision, gemm_precision
 from partialfc.losses.margins import CombinedMargin
 from partialfc.losses.subcenter import max_over_subcenters
 from partialfc.losses.validation import embeddings_and_labels_error
@@ -134,6 +141,7 @@ class ActiveRows:
         weight_cache: ``(n, d)`` float32 rows on the compute device when the table lives
             elsewhere (host storage next to a GPU): they cross the bus once per step, and the
             device, not the host, holds the working copy. None otherwise.
+        precision: operand precision of the center-gradient GEMM (the layer's).
         grad_sum: ``(n, d)`` ``sum q x`` of the earlier micro-batches of an accumulated step
             (their coefficients folded before the next forward reuses the buffer); None for a
             step of one batch.
@@ -143,6 +151,7 @@ class ActiveRows:
     rows: Tensor
     table: RowTable
     weight_cache: Tensor | None = None
+    precision: GemmPrecision | None = None
     embeddings: Tensor | None = None
     coefficients: Tensor | None = None
     inv_norm: Tensor | None = None
@@ -154,10 +163,20 @@ class ActiveRows:
         ``grad_sum + q x`` of this one (computed now, before the score buffer is reused)."""
         if not self.grad_ready:
             raise RuntimeError("PartialFC: backward the micro-batch before the next forward")
-        partial = torch.mm(self.coefficients, self.embeddings)
+        if self.precision is not None and not self.precision.is_float32:
+            partial = self.precision.mm(self.coefficients, self.embeddings)
+        else:
+            partial = torch.mm(self.coefficients, self.embeddings)
         if self.grad_sum is not None:
             partial.add_(self.grad_sum)
-        return ActiveRows(self.step, self.rows, self.table, self.weight_cache, grad_sum=partial)
+        return ActiveRows(
+            self.step,
+            self.rows,
+            self.table,
+            self.weight_cache,
+            precision=self.precision,
+            grad_sum=partial,
+        )
 
     def read_weight(self, start: int = 0, stop: int | None = None, out=None) -> Tensor:
         """Float32 values of ``rows[start:stop]`` (exactly those used in forward)."""
@@ -186,7 +205,9 @@ class ActiveRows:
         stop = self.rows.numel() if stop is None else min(stop, self.rows.numel())
         q, inv = self.coefficients[start:stop], self.inv_norm[start:stop]
         earlier = self.grad_sum[start:stop] if self.grad_sum is not None else None
-        return _center_grad_rows(q, self.embeddings, weight, inv, out, weight_decay, earlier)
+        return _center_grad_rows(
+            q, self.embeddings, weight, inv, out, weight_decay, self.precision, earlier
+        )
 
 
 def _center_grad_rows(
@@ -196,18 +217,23 @@ def _center_grad_rows(
     inv_norm: Tensor,
     out=None,
     weight_decay: float = 0.0,
+    precision: GemmPrecision | None = None,
     earlier: Tensor | None = None,
 ) -> Tensor:
     """``d loss / d w_j = inv_j (G_j - (G_j . u_j) u_j)``, plus ``weight_decay * w_j``.
 
     ``q`` (m, B) holds ``d loss / d (w_j . x_i)`` (``inv_j`` already applied), so
-    ``g_j = sum_i q_ji x_i`` (one GEMM) is ``inv_j G_j``, and one more pass removes the radial
-    part and adds the L2 term: ``g_j += w_j (weight_decay - (g_j . w_j) inv_j^2)``. ``earlier``
-    (m, d) is ``sum q x`` of the earlier micro-batches of an accumulated step (the radial part
-    is linear in ``g``, so it is removed once from the sum).
+    ``g_j = sum_i q_ji x_i`` (one GEMM, with ``precision``'s operands) is ``inv_j G_j``, and
+    one more float32 pass removes the radial part and adds the L2 term:
+    ``g_j += w_j (weight_decay - (g_j . w_j) inv_j^2)``. ``earlier`` (m, d) is ``sum q x`` of
+    the earlier micro-batches of an accumulated step (the radial part is linear in ``g``, so it
+    is removed once from the sum).
     """
     g = out.get(*w.shape) if isinstance(out, ReusableBuffer) else out
-    g = torch.mm(q, x, out=g) if g is not None else torch.mm(q, x)
+    if precision is not None and not precision.is_float32:
+        g = precision.mm(q, x, out=g)
+    else:
+        g = torch.mm(q, x, out=g) if g is not None else torch.mm(q, x)
     if earlier is not None:
         g.add_(earlier)
     along = torch.linalg.vecdot(g, w).mul_(inv_norm * inv_norm)
@@ -238,12 +264,16 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
         inv_norm = x.new_empty(n)
         scores = plan.scores_buffer.get(n, batch)
         step = plan.chunk_rows
+        prec = plan.precision
+        x_t = prec.operand(x).t()  # (d, B) GEMM operand, rounded once per step
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             wc = plan.read_rows(lo, hi) if w is None else w[lo:hi]
             inv = torch.linalg.vector_norm(wc, dim=1).clamp_min_(1e-12).reciprocal_()
             inv_norm[lo:hi] = inv
-            torch.mm(wc, x.t(), out=scores[lo:hi]).mul_(inv.mul_(scale).unsqueeze(1))
+            w_op = prec.operand(wc, representable=w is None and plan.rows_representable)
+            prec.mm(w_op, x_t, out=scores[lo:hi], rounded=True)
+            scores[lo:hi].mul_(inv.mul_(scale).unsqueeze(1))
         z, argmax = scores, None
         if k > 1:
             z, argmax = max_over_subcenters(scores, k, class_dim=0)  # (n/K, B), fresh tensor
@@ -302,6 +332,7 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
         grad_x = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(w) if w is not None else None
         step = plan.chunk_rows
+        prec = plan.precision
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             qc = q[lo:hi].mul_(inv_norm[lo:hi].unsqueeze(1))  # dL/d(w_j . x_i)
@@ -309,9 +340,10 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
                 continue
             wc = plan.read_rows(lo, hi) if w is None else w[lo:hi]
             if grad_x is not None:
-                grad_x.addmm_(qc.t(), wc)
+                w_op = prec.operand(wc, representable=w is None and plan.rows_representable)
+                prec.addmm_(grad_x, prec.operand(qc).t(), w_op, rounded=True)
             if grad_w is not None:
-                _center_grad_rows(qc, x, wc, inv_norm[lo:hi], out=grad_w[lo:hi])
+                _center_grad_rows(qc, x, wc, inv_norm[lo:hi], grad_w[lo:hi], precision=prec)
         ctx.exp = ctx.argmax = None
         record = plan.record
         if record is not None:
@@ -335,6 +367,8 @@ class _StepPlan:
     read_rows: object  # (lo, hi) -> float32 rows[lo:hi] (sparse mode)
     scores_buffer: ReusableBuffer
     chunk_rows: int
+    precision: GemmPrecision
+    rows_representable: bool  # stored rows are exact in the compute dtype (no rounding pass)
     record: ActiveRows | None
     process_group: object
     world_size: int
@@ -355,6 +389,13 @@ class PartialFC(Head):
         update: ``"sparse"`` (default; use :class:`RowSparseSGD` / :class:`RowSparseAdamW`)
             or ``"dense"`` (``self.weight`` is an ``nn.Parameter``; any torch optimizer).
         storage_dtype: float32 (default) or bfloat16 centers (sparse mode); math is float32.
+        compute_dtype: operand precision of the three GEMMs of the active rows: ``"float32"``
+            (default), ``"bfloat16"`` or ``"float16"`` (GPU only), float32 accumulation; a
+            torch dtype is accepted too. Everything else stays float32.
+        gemm_path: ``"auto"`` (default: the native low-precision GEMM on CUDA and on CPUs with
+            bfloat16 units, else float32 GEMMs of rounded operands), ``"native"`` or
+            ``"emulated"``; the choice is :attr:`precision` (see
+            :mod:`partialfc.losses.gemm_precision`).
         device: compute device (default CPU).
         storage_device: where the table lives (default ``device``); e.g. ``"cpu"`` with a CUDA
             ``device`` keeps the table in (pinned) host memory and moves only active rows.
@@ -377,6 +418,8 @@ class PartialFC(Head):
         negative_cos_threshold: float | None = None,
         update: str = "sparse",
         storage_dtype: torch.dtype = torch.float32,
+        compute_dtype="float32",
+        gemm_path: str = "auto",
         device=None,
         storage_device=None,
         backbone_grad_reduction: str = "mean",
@@ -409,6 +452,8 @@ class PartialFC(Head):
             raise ValueError(
                 f"storage_dtype must be one of {SUPPORTED_DTYPES}, got {storage_dtype}"
             )
+        device = torch.device(device if device is not None else "cpu")
+        precision = gemm_precision(compute_dtype, device, gemm_path)
         if update == "dense" and (storage_dtype != torch.float32 or storage_device is not None):
             raise ValueError('update="dense" keeps a float32 table on the compute device')
 
@@ -420,10 +465,11 @@ class PartialFC(Head):
         self.negative_cos_threshold = negative_cos_threshold
         self.update = update
         self.storage_dtype = storage_dtype
+        self.precision = precision  # the GEMM operand precision and the path that runs it
         self.backbone_grad_reduction = backbone_grad_reduction
         self.seed = int(seed)
         self.process_group = process_group
-        self.device = torch.device(device if device is not None else "cpu")
+        self.device = device
         self.storage_device = torch.device(storage_device) if storage_device else self.device
 
         self.rank, self.world_size = world_info(process_group)
@@ -633,7 +679,9 @@ class PartialFC(Head):
             if self.centers.staged:  # host table: one transfer of the active rows per step
                 cache = self.centers.read(rows, self._device_rows_buffer)
             step = self._planned_step if accumulating else self.sampling_step
-            record = ActiveRows(step, rows, self.centers, weight_cache=cache)
+            record = ActiveRows(
+                step, rows, self.centers, weight_cache=cache, precision=self.precision
+            )
         self.generation += 1
         plan = _StepPlan(
             owner=self,
@@ -647,6 +695,9 @@ class PartialFC(Head):
             read_rows=lambda lo, hi: record.read_weight(lo, hi, self._chunk_buffer),
             scores_buffer=self._scores_buffer,
             chunk_rows=chunk_rows(self.device),
+            precision=self.precision,
+            rows_representable=self.update == "sparse"
+            and self.storage_dtype == self.precision.dtype,
             record=record,
             process_group=self.process_group,
             world_size=self.world_size,
@@ -683,6 +734,7 @@ class PartialFC(Head):
             f"num_classes={self.num_classes}, embedding_dim={self.embedding_dim}, "
             f"sample_rate={self.sample_rate}, num_subcenters={self.num_subcenters}, "
             f"negative_cos_threshold={self.negative_cos_threshold}, update={self.update!r}, "
-            f"storage_dtype={self.storage_dtype}, rank={self.rank}/{self.world_size}, "
+            f"storage_dtype={self.storage_dtype}, compute={self.precision.describe()}, "
+            f"rank={self.rank}/{self.world_size}, "
             f"classes=[{self.block.start}, {self.block.stop})"
         )

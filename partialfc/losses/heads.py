@@ -22,6 +22,13 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from partialfc.losses.contract import Head
+from partialfc.losses.gemm_precision import (
+    GemmPrecision,
+    check_gemm_path,
+    gemm_precision,
+    matmul,
+    parse_compute_dtype,
+)
 from partialfc.losses.margin_softmax import margin_cross_entropy, normalized_margin_cross_entropy
 from partialfc.losses.margins import CombinedMargin, angle_from_cos
 from partialfc.losses.penalties import inter_angular_penalty, intra_angular_penalty
@@ -99,6 +106,12 @@ class MarginSoftmaxHead(Head):
         reuse_buffers: the backward pass overwrites the forward's ``(B, C)`` buffer (one
             allocation fewer; the graph can then be differentiated once). Default True; set
             False for ``retain_graph`` or ``gradcheck``.
+        compute_dtype: operand precision of the cosine GEMM and its two gradient GEMMs:
+            ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` (GPU only), with float32
+            accumulation; margin, softmax and loss stay float32
+            (:mod:`partialfc.losses.gemm_precision`).
+        gemm_path: ``"auto"`` (default), ``"native"`` or ``"emulated"``; see
+            :func:`~partialfc.losses.gemm_precision.gemm_precision`.
 
     The center table ``weight`` is ``(C*K, d)``, class-major (rows ``c*K .. c*K+K-1`` are class
     c), initialised N(0, 0.01^2). Embeddings and centers are L2-normalised inside. For every K
@@ -119,8 +132,12 @@ class MarginSoftmaxHead(Head):
         intra_weight: float = 0.0,
         inter_weight: float = 0.0,
         reuse_buffers: bool = True,
+        compute_dtype="float32",
+        gemm_path: str = "auto",
     ) -> None:
         super().__init__()
+        parse_compute_dtype(compute_dtype)  # float16 is refused on a CPU at forward time
+        check_gemm_path(gemm_path)
         check_positive_int("num_classes", num_classes)
         check_positive_int("embedding_dim", embedding_dim)
         check_positive_int("num_subcenters", num_subcenters)
@@ -138,10 +155,18 @@ class MarginSoftmaxHead(Head):
         self.intra_weight = float(intra_weight)
         self.inter_weight = float(inter_weight)
         self.reuse_buffers = bool(reuse_buffers)
+        self.compute_dtype = compute_dtype
+        self.gemm_path = gemm_path
         self.weight = nn.Parameter(torch.empty(num_classes * num_subcenters, embedding_dim))
         nn.init.normal_(self.weight, std=0.01)
 
     # ------------------------------------------------------------------ helpers
+    def precision(self, device=None) -> GemmPrecision:
+        """The GEMM precision on ``device`` (default: where the centers are); float16 on a
+        CPU raises ``ValueError``."""
+        device = self.weight.device if device is None else device
+        return gemm_precision(self.compute_dtype, device, self.gemm_path)
+
     def _check(self, embeddings: Tensor, labels: Tensor) -> None:
         check_embeddings_and_labels(embeddings, labels, self.embedding_dim, self.num_classes)
 
@@ -181,7 +206,8 @@ class MarginSoftmaxHead(Head):
             )
         centers = self._center_rows(class_subset)
         work = _work_dtype(embeddings, centers)
-        cos = F.normalize(embeddings.to(work), dim=1) @ _unit_rows(centers.to(work)).T
+        unit_x = F.normalize(embeddings.to(work), dim=1)
+        cos = matmul(unit_x, _unit_rows(centers.to(work)).T, self.precision(embeddings.device))
         return max_over_subcenters(cos, self.num_subcenters)
 
     def logits(
@@ -203,8 +229,14 @@ class MarginSoftmaxHead(Head):
             raise ValueError(f"labels contain class {missing}, which is not in class_subset")
         if self.num_subcenters == 1:  # fused normalise + GEMM + margin + softmax
             centers = self._center_rows(class_subset)
+            prec = self.precision(embeddings.device)
             loss = normalized_margin_cross_entropy(
-                embeddings, centers, target_col, self.margin, self.reuse_buffers
+                embeddings,
+                centers,
+                target_col,
+                self.margin,
+                self.reuse_buffers,
+                None if prec.is_float32 else prec,
             )
         else:
             cos, _ = self.cosines(embeddings, class_subset)
@@ -244,7 +276,7 @@ class MarginSoftmaxHead(Head):
     def extra_repr(self) -> str:
         return (
             f"num_classes={self.num_classes}, embedding_dim={self.embedding_dim}, "
-            f"num_subcenters={self.num_subcenters}"
+            f"num_subcenters={self.num_subcenters}, compute_dtype={self.compute_dtype!r}"
         )
 
 

@@ -19,6 +19,8 @@ derivative comes from autograd on the B target values, so these paths and
 materialises the normalised centers: with ``r_c = 1 / |w_c|`` it scales the cosine matrix by
 ``r`` in place and, in backward, uses ``grad_w = r grad_u - r^3 w <w, grad_u>`` on the GEMM
 output, so its only ``(B, N)``/``(N, d)`` allocations are the ones the bare GEMMs make anyway.
+Its three GEMMs take operands in ``precision`` (float32 by default; bfloat16 / float16 with
+float32 accumulation, :mod:`partialfc.losses.gemm_precision`); the rest is float32.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from partialfc.losses.gemm_precision import GemmPrecision
 from partialfc.losses.margins import CombinedMargin
 
 __all__ = ["margin_cross_entropy", "normalized_margin_cross_entropy"]
@@ -118,9 +121,13 @@ class _NormalizedMarginCrossEntropy(torch.autograd.Function):
         target_col: Tensor,
         margin: CombinedMargin,
         reuse_buffer: bool,
+        precision: GemmPrecision | None,
     ) -> Tensor:
         inv_norms = torch.linalg.vector_norm(centers, dim=1).clamp_min_(_NORM_EPS).reciprocal_()
-        buffer = unit_embeddings @ centers.T  # raw dot products, (B, N), fresh
+        if precision is None:
+            buffer = unit_embeddings @ centers.T  # raw dot products, (B, N), fresh
+        else:
+            buffer = precision.mm(unit_embeddings, centers.T)
         index = target_col.unsqueeze(1)
         target_cos = buffer.gather(1, index).squeeze(1) * inv_norms[target_col]
         target_logit, slope = _target_logit_and_slope(margin, target_cos)
@@ -133,6 +140,7 @@ class _NormalizedMarginCrossEntropy(torch.autograd.Function):
         ctx.scale = margin.scale
         ctx.consumed = False
         ctx.reuse_buffer = reuse_buffer
+        ctx.precision = precision
         return losses.mean()
 
     @staticmethod
@@ -151,14 +159,22 @@ class _NormalizedMarginCrossEntropy(torch.autograd.Function):
         target_value = (p_target - 1.0) * slope * inv_norms[target_col] * row_sum / ctx.scale
         buffer.mul_(inv_norms)
         buffer.scatter_(1, target_col.unsqueeze(1), target_value.unsqueeze(1))
-        grad_embeddings = (buffer @ centers).mul_(row_coef.unsqueeze(1))
-        # grad_a = d loss / d raw^T @ x_hat = r * (d loss / d unit centers)
-        grad_centers = buffer.T @ (unit_embeddings * row_coef.unsqueeze(1))
+        prec = ctx.precision
+        if prec is None:
+            grad_embeddings = (buffer @ centers).mul_(row_coef.unsqueeze(1))
+            # grad_a = d loss / d raw^T @ x_hat = r * (d loss / d unit centers)
+            grad_centers = buffer.T @ (unit_embeddings * row_coef.unsqueeze(1))
+        else:  # the same products with low-precision operands
+            buffer_op = prec.operand(buffer)
+            grad_embeddings = prec.mm(buffer_op, prec.operand(centers), rounded=True)
+            grad_embeddings.mul_(row_coef.unsqueeze(1))
+            scaled = prec.operand(unit_embeddings * row_coef.unsqueeze(1))
+            grad_centers = prec.mm(buffer_op.T, scaled, rounded=True)
         # through r = 1 / |w|:  grad_w = grad_a - r^2 w <w, grad_a>
         along = _row_dot(centers, grad_centers).mul_(inv_norms.square())
         along.mul_(inv_norms < 1.0 / _NORM_EPS)  # clamped (zero) rows: r is a constant there
         grad_centers.addcmul_(centers, along.unsqueeze(1), value=-1.0)
-        return grad_embeddings, grad_centers, None, None, None
+        return grad_embeddings, grad_centers, None, None, None, None
 
 
 def _check_margin_inputs(margin: CombinedMargin, num_rows: int, num_cols: int, target_col):
@@ -205,6 +221,7 @@ def normalized_margin_cross_entropy(
     target_col: Tensor,
     margin: CombinedMargin,
     reuse_buffer: bool = True,
+    precision: GemmPrecision | None = None,
 ) -> Tensor:
     """Mean margin cross-entropy of ``cos = normalize(embeddings) @ normalize(centers)^T``.
 
@@ -214,6 +231,8 @@ def normalized_margin_cross_entropy(
         target_col: ``(B,)`` row of ``centers`` holding each sample's class.
         margin: the :class:`CombinedMargin` to apply.
         reuse_buffer: backward overwrites the forward buffer (default True; see module doc).
+        precision: operand precision of the three GEMMs (default None: the inputs' dtype);
+            see :func:`partialfc.losses.gemm_precision.gemm_precision`.
 
     Returns:
         Scalar loss in the (common, at least float32) dtype of the inputs.
@@ -229,5 +248,5 @@ def normalized_margin_cross_entropy(
     )
     unit = F.normalize(embeddings.to(work_dtype), dim=1, eps=_NORM_EPS)
     return _NormalizedMarginCrossEntropy.apply(
-        unit, centers.to(work_dtype), target_col.long(), margin, bool(reuse_buffer)
+        unit, centers.to(work_dtype), target_col.long(), margin, bool(reuse_buffer), precision
     )

@@ -60,11 +60,22 @@ def _partial_fc(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int
         num_subcenters=cfg.num_subcenters,
         negative_cos_threshold=cfg.negative_cos_threshold,
         storage_dtype=_DTYPES[cfg.storage_dtype],
+        compute_dtype=_compute_dtype(cfg, device),
         device=device,
         storage_device=None if cfg.storage_device == "compute" else cfg.storage_device,
         seed=seed,
         process_group=pg,
     )
+
+
+def _compute_dtype(cfg: HeadConfig, device) -> str:
+    """``head.compute_dtype``, refused where it cannot run (float16 on a CPU)."""
+    if cfg.compute_dtype == "float16" and torch.device(device).type == "cpu":
+        raise ValueError(
+            "head.compute_dtype='float16' needs a GPU (CPUs have no fast float16 GEMM); "
+            "use head.compute_dtype=bfloat16 on CPU"
+        )
+    return cfg.compute_dtype
 
 
 def _seeded_centers(num_classes: int, embedding_dim: int, num_subcenters: int, seed: int):
@@ -80,7 +91,11 @@ def _margin_softmax(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed:
     from partialfc.losses.heads import MarginSoftmaxHead
 
     head = MarginSoftmaxHead(
-        num_classes, embedding_dim, build_margin(cfg.margin), num_subcenters=cfg.num_subcenters
+        num_classes,
+        embedding_dim,
+        build_margin(cfg.margin),
+        num_subcenters=cfg.num_subcenters,
+        compute_dtype=_compute_dtype(cfg, device),
     )
     with torch.no_grad():
         head.weight.copy_(_seeded_centers(num_classes, embedding_dim, cfg.num_subcenters, seed))

@@ -102,6 +102,9 @@ class HeadConfig:
     negative_cos_threshold: float | None = None  # PFC* filter (paper: 0.4); None = off
     storage_dtype: str = "float32"
     storage_device: str = "compute"  # "compute" or "cpu"
+    # operand precision of the head's GEMMs (float32 accumulation; the softmax stays float32):
+    # "float32", "bfloat16" or "float16" (GPU only); partial_fc and margin_softmax
+    compute_dtype: str = "float32"
     margin: MarginConfig = field(default_factory=MarginConfig)
     triplet_margin: float = 0.2  # kind=triplet: alpha in squared unit-sphere distance
     triplet_mining: str = "semihard"  # kind=triplet: "semihard" | "batch_hard" | "all"
@@ -401,6 +404,7 @@ _CHOICES = {
     "head.storage_dtype": ("float32", "bfloat16"),  # what PartialFC stores (SUPPORTED_DTYPES)
     "head.storage_device": ("compute", "cpu"),
     "run.on_exists": ("error", "new", "overwrite"),
+    "head.compute_dtype": ("float32", "bfloat16", "float16"),  # gemm_precision.COMPUTE_DTYPES
     "loss.triplet_mining": ("semihard", "batch_hard", "all"),
     "head.kind": (
         "partial_fc",
@@ -628,6 +632,11 @@ def _validate_head_kind(cfg: Config) -> None:
     if head.kind == "partial_fc":
         return
     defaults = HeadConfig()
+    if head.kind != "margin_softmax" and head.compute_dtype != defaults.compute_dtype:
+        raise ConfigError(
+            f"head.compute_dtype={head.compute_dtype!r} needs head.kind=partial_fc or "
+            f"margin_softmax, not {head.kind!r}"
+        )
     for key in ("sample_rate", "negative_cos_threshold", "storage_dtype", "storage_device"):
         if getattr(head, key) != getattr(defaults, key):
             raise ConfigError(

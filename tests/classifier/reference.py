@@ -20,13 +20,18 @@ def margin_logits(
     num_subcenters: int = 1,
     negative_cos_threshold: float | None = None,
     columns: Tensor | None = None,
+    cosines: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(logits, target)``: ``s * cos`` with ``s * (cos(m1*theta + m2) - m3)`` at the label.
 
     ``columns`` restricts the softmax to those classes (sorted global ids); ``target`` is then
     the label's position among them. Angles here stay below pi (no continuation branch needed).
+    ``cosines`` replaces the ``(B, C*K)`` cosine matrix computed from the inputs.
     """
-    cos = F.normalize(embeddings, dim=1) @ F.normalize(centers, dim=1).t()
+    if cosines is None:
+        cos = F.normalize(embeddings, dim=1) @ F.normalize(centers, dim=1).t()
+    else:  # given (e.g. from rounded operands)
+        cos = cosines
     if num_subcenters > 1:
         cos = cos.view(cos.shape[0], -1, num_subcenters).max(dim=2).values
     if columns is not None:

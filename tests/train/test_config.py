@@ -155,3 +155,21 @@ def test_train_command_reports_the_key_before_training(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "data.augment.max_rotation_deg must be a finite number in [0, 180], got 1e+308" in err
     assert "math domain error" not in err and not (tmp_path / "runs").exists()
+
+
+def test_head_compute_dtype_is_checked_and_built():
+    import torch
+
+    from partialfc.train.builders import build_head
+
+    cfg = load_config(CONFIGS[0], ["head.compute_dtype=bfloat16"])
+    head, _ = build_head(cfg.head, 16, 20, seed=0, device=torch.device("cpu"))
+    assert head.precision.dtype == torch.bfloat16
+    assert head.precision.path in ("native", "emulated")
+    with pytest.raises(ConfigError, match=r"head\.compute_dtype='half'.*float32, bfloat16"):
+        load_config(CONFIGS[0], ["head.compute_dtype=half"])
+    with pytest.raises(ConfigError, match=r"head\.compute_dtype='bfloat16' needs head\.kind"):
+        load_config(CONFIGS[0], ["head.compute_dtype=bfloat16", "head.kind=softmax"])
+    cfg = load_config(CONFIGS[0], ["head.compute_dtype=float16", "head.kind=margin_softmax"])
+    with pytest.raises(ValueError, match=r"head\.compute_dtype='float16' needs a GPU"):
+        build_head(cfg.head, 16, 20, seed=0, device=torch.device("cpu"))

@@ -27,16 +27,21 @@ def _batch(seed: int = 0):
     return x, y
 
 
-def _head(sample_rate: float, optimizer: str):
+def _head(sample_rate: float, optimizer: str, compute_dtype: str = "float32"):
     head = PartialFC(
-        NUM_CLASSES, DIM, CombinedMargin(m2_rad=0.3, scale=16.0), sample_rate=sample_rate, seed=3
+        NUM_CLASSES,
+        DIM,
+        CombinedMargin(m2_rad=0.3, scale=16.0),
+        sample_rate=sample_rate,
+        seed=3,
+        compute_dtype=compute_dtype,
     )
     settings = OptimizerSettings(name=optimizer, lr=0.1, momentum=0.9, weight_decay=1e-3)
     return head, head.make_optimizer(settings)
 
 
-def _one_batch(x, y, sample_rate, optimizer, steps=2):
-    head, opt = _head(sample_rate, optimizer)
+def _one_batch(x, y, sample_rate, optimizer, steps=2, compute_dtype="float32"):
+    head, opt = _head(sample_rate, optimizer, compute_dtype)
     grads = []
     for _ in range(steps):
         e = x.clone().requires_grad_(True)
@@ -46,8 +51,8 @@ def _one_batch(x, y, sample_rate, optimizer, steps=2):
     return head, opt, grads
 
 
-def _micro_batches(x, y, sample_rate, optimizer, steps=2, k=K):
-    head, opt = _head(sample_rate, optimizer)
+def _micro_batches(x, y, sample_rate, optimizer, steps=2, k=K, compute_dtype="float32"):
+    head, opt = _head(sample_rate, optimizer, compute_dtype)
     grads = []
     b = x.shape[0] // k
     for _ in range(steps):
@@ -92,6 +97,23 @@ def test_micro_batches_equal_one_batch_of_their_union(sample_rate, optimizer):
     if sample_rate < 1:  # unsampled centers did not move
         untouched = (moved - start).abs().amax(dim=1) == 0
         assert 0 < int(untouched.sum()) < NUM_CLASSES
+
+
+@pytest.mark.parametrize("sample_rate", [1.0, 0.3])
+def test_micro_batches_equal_one_batch_in_bfloat16_compute(sample_rate):
+    """bfloat16 GEMM operands: with k = 2 the loss scale 1/(kb) is the same float either way,
+    so every rounded operand is the same and only the order of the float32 sums differs; a fold
+    of the earlier micro-batches in float32 would be off by the bfloat16 rounding (~2^-8)."""
+    x, y = _batch()
+    one, _, one_grads = _one_batch(x, y, sample_rate, "sgd", compute_dtype="bfloat16")
+    acc, _, acc_grads = _micro_batches(x, y, sample_rate, "sgd", k=2, compute_dtype="bfloat16")
+    assert one.precision.path == acc.precision.path != "float32"
+    for g1, gk in zip(one_grads, acc_grads, strict=True):
+        _close(gk, g1)
+    _close(acc.local_centers_float32(), one.local_centers_float32())
+    fp32, _, _ = _one_batch(x, y, sample_rate, "sgd")
+    gap = (fp32.local_centers_float32() - one.local_centers_float32()).abs().max()
+    assert gap > 1e-5  # bfloat16 compute is not float32: the comparison above can tell
 
 
 def test_sampling_per_micro_batch_would_differ():

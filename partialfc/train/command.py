@@ -86,6 +86,10 @@ def start_banner(trainer) -> str:
     head = cfg.head.kind
     if head == "partial_fc":
         head += f" (sample rate {cfg.head.sample_rate:g})"
+    if cfg.head.compute_dtype != "float32":
+        precision += f", head GEMMs {cfg.head.compute_dtype}"
+    accumulate = cfg.train.accumulate_steps
+    micro = f", {accumulate} micro-batches per step" if accumulate > 1 else ""
     rows = [
         ("run folder", f"{trainer.run_dir}{start}"),
         ("device", f"{trainer.ctx.device}, {ranks} rank{'s' if ranks > 1 else ''}"),
@@ -98,12 +102,14 @@ def start_banner(trainer) -> str:
         (
             "steps",
             f"{trainer.total_steps:,} ({cfg.train.epochs:g} epochs of {trainer.steps_per_epoch:,}"
-            f" steps, global batch {trainer.global_batch:,})",
+            f" steps, global batch {trainer.global_batch:,}{micro})",
         ),
         ("precision", precision),
         ("model", f"{trainer.model_config['name']}, {cfg.model.embedding_dim}-d embedding"),
         ("head", head),
     ]
+    if cfg.train.ema_decay:
+        rows.append(("ema", f"backbone weights, decay {cfg.train.ema_decay:g}"))
     return "\n".join(f"{name:<11} {value}" for name, value in rows)
 
 

@@ -34,6 +34,24 @@ def test_start_banner_names_folder_device_threads_data_steps_precision_head(tmp_
         "model": "test_mlp, 16-d embedding",
         "head": "partial_fc (sample rate 0.5)",
     }
+    cfg = tiny_config(
+        tmp_path / "b",
+        "data.batch_size=20",
+        "train.epochs=0.5",
+        "head.compute_dtype=bfloat16",
+        "train.accumulate_steps=2",
+        "train.ema_decay=0.99",
+    )
+    trainer = Trainer(
+        cfg,
+        backbone=tiny_backbone(0),
+        model_config=TINY_MODEL_CONFIG,
+        train_set=omniglot_subset(10),
+    )
+    rows = {line[:11].strip(): line[12:] for line in start_banner(trainer).splitlines()}
+    assert rows["precision"] == "fp32, head GEMMs bfloat16"
+    assert rows["steps"].endswith("global batch 20, 2 micro-batches per step)")
+    assert rows["ema"] == "backbone weights, decay 0.99"
 
 
 def test_missing_tensorboard_is_one_line_without_traceback(monkeypatch, capsys, tmp_path):

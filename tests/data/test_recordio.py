@@ -701,13 +701,16 @@ def test_record_starting_with_a_continuation_part_is_refused(tmp_path):
         list(reader.scan())
 
 
-def test_plain_set_without_key_zero(tmp_path):
+def test_plain_sets_starting_at_key_one_or_zero(tmp_path):
     imgs = images(3)
-    records = [(k + 5, hand_payload(k, k + 5, encode_image(imgs[k], ".png"))) for k in range(3)]
-    ds = RecordIODataset(write_hand_set(tmp_path, records))
-    assert ds.layout.has_header is False and ds.layout.identity_ranges is None
-    assert ds.keys.tolist() == [5, 6, 7] and ds.labels.tolist() == [0, 1, 2]
-    assert [ds[i][1] for i in range(3)] == [0, 1, 2]
+    for first in (1, 0):  # no key 0 at all, or a key 0 that is an image: no header record
+        records = [
+            (k + first, hand_payload(k, k + first, encode_image(imgs[k], ".png"))) for k in range(3)
+        ]
+        ds = RecordIODataset(write_hand_set(tmp_path, records, f"p{first}"))
+        assert ds.layout.has_header is False and ds.layout.identity_ranges is None
+        assert ds.keys.tolist() == [first, first + 1, first + 2]
+        assert ds.labels.tolist() == [0, 1, 2] and [ds[i][1] for i in range(3)] == [0, 1, 2]
 
 
 def header_records(imgs, labels, ranges, header=None):
@@ -799,3 +802,12 @@ def test_skip_with_no_readable_record_names_the_file(tmp_path):
     with pytest.raises(RecordIOError, match=r"plain\.rec: no readable record$"):
         ds[1]
     assert ds.skipped == [1, 0]
+
+
+def test_label_vector_longer_than_the_payload_is_named():
+    payload = struct.pack("<IfQQ", 5, 0.0, 3, 0) + struct.pack("<2f", 1.0, 2.0)  # 2 of 5 floats
+    with pytest.raises(RecordIOError, match=r"^src: label vector of 5 floats exceeds the payload$"):
+        unpack_record(payload, "src")
+    whole = struct.pack("<IfQQ", 5, 0.0, 3, 0) + struct.pack("<5f", 1, 2, 3, 4, 5) + b"xy"
+    header, data = unpack_record(whole, "src")
+    assert header.flag == 5 and header.label.tolist() == [1, 2, 3, 4, 5] and data == b"xy"

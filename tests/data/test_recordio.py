@@ -632,8 +632,10 @@ def test_empty_rec_reads_as_truncated_and_closes(tmp_path):
     (tmp_path / "empty.rec").write_bytes(b"")
     reader = RecordIOReader(tmp_path / "empty.rec", require_index=False)
     assert list(reader.scan()) == []
-    with pytest.raises(RecordIOError, match=r"offset 0: truncated \(file ends inside the record"):
-        reader.read_at(0)
+    with pytest.raises(
+        RecordIOError, match=r"empty\.rec: record id \? at offset 0: truncated \(file ends inside"
+    ):
+        reader.read_at(0)  # no key given: "?"
     reader.close()  # mapped nothing: closing must not fail
     assert reader._view is None
 
@@ -811,3 +813,31 @@ def test_label_vector_longer_than_the_payload_is_named():
     whole = struct.pack("<IfQQ", 5, 0.0, 3, 0) + struct.pack("<5f", 1, 2, 3, 4, 5) + b"xy"
     header, data = unpack_record(whole, "src")
     assert header.flag == 5 and header.label.tolist() == [1, 2, 3, 4, 5] and data == b"xy"
+
+
+def test_damaged_magic_inside_the_file_is_reported_on_read(tmp_path):
+    records = [(k, hand_payload(k, k, b"data")) for k in range(3)]
+    rec = write_hand_set(tmp_path, records)
+    offset = record_offset(rec, 1)
+    raw = bytearray(rec.read_bytes())
+    raw[offset : offset + 4] = b"\0" * 4
+    rec.write_bytes(bytes(raw))
+    reader = RecordIOReader(rec)  # only the first and last records are probed when opening
+    assert reader.read(2) == records[2][1]
+    with pytest.raises(
+        RecordIOError,
+        match=rf"hand\.rec: record id 1 at offset {offset}: bad magic 0x00000000 \(expected "
+        r"0xced7230a\)$",
+    ):
+        reader.read(1)
+
+
+def test_index_probe_uses_the_lowest_offset_not_the_lowest_key(tmp_path):
+    rec = write_hand_set(tmp_path, [(5, hand_payload(0, 5, b"data")), (3, hand_payload(1, 3))])
+    second = record_offset(rec, 3)
+    # key 3 (the lowest key) is right; key 5 (the lowest offset) points into its own header
+    (tmp_path / "hand.idx").write_text(f"5\t4\n3\t{second}\n")
+    with pytest.raises(
+        RecordIOError, match=r"hand\.rec: offset 4 \(record id 5 in .*hand\.idx\) does not start"
+    ):
+        RecordIOReader(rec)

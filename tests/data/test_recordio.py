@@ -841,3 +841,15 @@ def test_index_probe_uses_the_lowest_offset_not_the_lowest_key(tmp_path):
         RecordIOError, match=r"hand\.rec: offset 4 \(record id 5 in .*hand\.idx\) does not start"
     ):
         RecordIOReader(rec)
+
+
+def test_split_record_after_another_record_reads_back(tmp_path):
+    magic = struct.pack("<I", MAGIC)
+    split = hand_payload(0, 2, b"x" * 100 + magic + b"y" * 50)  # magic at 124: two parts
+    with RecordIOWriter(tmp_path / "w.rec") as writer:
+        writer.write(1, hand_payload(0, 1))
+        writer.write(2, split)
+    reader = RecordIOReader(tmp_path / "w.rec")
+    assert reader.index.offsets.tolist() == [0, 32]
+    assert reader.read(2) == split and reader.read(1) == hand_payload(0, 1)
+    assert [payload for _, payload in reader.scan()] == [hand_payload(0, 1), split]

@@ -22,7 +22,9 @@ the module's source is unchanged and tests were only added: a killed mutant stay
 records the updated counts. A re-run stopped part way can still be recorded with
 ``--summarize-only --rerun-survivors LABEL``: survivors it did not reach stay counted as
 surviving and their number is stored as ``not_rerun``. ``--unchecked`` continues a run that was
-stopped part way: it runs only the mutants without a verdict in ``mutants/<path>.meta``.
+stopped part way: it runs only the mutants without a verdict in ``mutants/<path>.meta``; with
+``--rerun-survivors LABEL`` it also re-runs that label's survivors, and the counts are read
+from the verdicts on disk.
 
 mutmut re-records which tests reach which function only for tests it has not seen; after
 editing an existing test (same test id) pass ``--fresh-stats`` so the edit counts.
@@ -221,9 +223,10 @@ def main(argv=None) -> int:
                 counts = dict(previous)
         if not args.summarize_only and not (previous and not previous["survivors"]):
             names_to_run = previous["survivors"] if previous else None
-            if args.unchecked and names_to_run is None:
-                names_to_run = unchecked_names(path)
-                print(f"{name}: {len(names_to_run)} mutants without a verdict", flush=True)
+            if args.unchecked:  # with --rerun-survivors: those survivors and the unchecked
+                unchecked = unchecked_names(path)
+                print(f"{name}: {len(unchecked)} mutants without a verdict", flush=True)
+                names_to_run = (names_to_run or []) + unchecked
             if names_to_run == []:  # --unchecked with every verdict on disk: nothing to run
                 rc = 0
             else:
@@ -232,7 +235,7 @@ def main(argv=None) -> int:
                 print(f"mutmut failed on {name} (exit {rc})", file=sys.stderr)
                 status = 1
                 continue
-        if previous is None:
+        if previous is None or args.unchecked:  # every verdict on disk is current
             counts = summarize(path)
         elif previous["survivors"]:
             counts = rerun_counts(path, previous)

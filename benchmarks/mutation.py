@@ -21,7 +21,10 @@ rewrites the summary from the verdicts already on disk without running anything.
 the module's source is unchanged and tests were only added: a killed mutant stays killed) and
 records the updated counts. A re-run stopped part way can still be recorded with
 ``--summarize-only --rerun-survivors LABEL``: survivors it did not reach stay counted as
-surviving and their number is stored as ``not_rerun``.
+surviving and their number is stored as ``not_rerun``. ``--unchecked`` continues a run that was
+stopped part way: it runs only the mutants without a verdict in ``mutants/<path>.meta``; with
+``--rerun-survivors LABEL`` it also re-runs that label's survivors, and the counts are read
+from the verdicts on disk.
 
 mutmut re-records which tests reach which function only for tests it has not seen; after
 editing an existing test (same test id) pass ``--fresh-stats`` so the edit counts.
@@ -138,6 +141,15 @@ def rerun_counts(path: str, previous: dict) -> dict:
     return out
 
 
+def unchecked_names(path: str) -> list[str]:
+    """Ids of the mutants of ``path`` that have no verdict yet (a run stopped part way)."""
+    meta = REPO / "mutants" / (path + ".meta")
+    if not meta.exists():
+        raise FileNotFoundError(f"{meta} not found: run the module first")
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(key for key, code in codes.items() if code is None)
+
+
 def run_module(path: str, max_children: int, niceness: int, names=None) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -148,7 +160,8 @@ def run_module(path: str, max_children: int, niceness: int, names=None) -> int:
     cmd += ["--max-children", str(max_children), *(names or [dotted(path) + ".*"])]
     if niceness:
         cmd = ["nice", "-n", str(niceness), *cmd]
-    print("+", " ".join(cmd), flush=True)
+    shown = cmd if len(cmd) < 12 else [*cmd[:8], f"... ({len(cmd) - 8} mutant ids)"]
+    print("+", " ".join(shown), flush=True)
     # mutmut draws a progress spinner on stdout; keep only its final lines
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr).replace("\r", "\n").strip().splitlines()[-25:]
@@ -176,6 +189,11 @@ def main(argv=None) -> int:
         "--rerun-survivors",
         metavar="LABEL",
         help="run only the survivors recorded under LABEL (source unchanged, tests added)",
+    )
+    ap.add_argument(
+        "--unchecked",
+        action="store_true",
+        help="run only the mutants without a verdict yet (continue a stopped run)",
     )
     args = ap.parse_args(argv)
 
@@ -205,12 +223,19 @@ def main(argv=None) -> int:
                 counts = dict(previous)
         if not args.summarize_only and not (previous and not previous["survivors"]):
             names_to_run = previous["survivors"] if previous else None
-            rc = run_module(path, args.max_children, args.nice, names_to_run)
+            if args.unchecked:  # with --rerun-survivors: those survivors and the unchecked
+                unchecked = unchecked_names(path)
+                print(f"{name}: {len(unchecked)} mutants without a verdict", flush=True)
+                names_to_run = (names_to_run or []) + unchecked
+            if names_to_run == []:  # --unchecked with every verdict on disk: nothing to run
+                rc = 0
+            else:
+                rc = run_module(path, args.max_children, args.nice, names_to_run)
             if rc != 0:
                 print(f"mutmut failed on {name} (exit {rc})", file=sys.stderr)
                 status = 1
                 continue
-        if previous is None:
+        if previous is None or args.unchecked:  # every verdict on disk is current
             counts = summarize(path)
         elif previous["survivors"]:
             counts = rerun_counts(path, previous)

@@ -567,3 +567,289 @@ def test_key_range_vectors_may_carry_more_than_two_values(tmp_path):
     ds = RecordIODataset(write_hand_set(tmp_path, records))
     np.testing.assert_array_equal(ds.layout.identity_ranges, [[1, 3], [3, 4]])
     assert [ds[i][1] for i in range(3)] == [0, 0, 1]
+
+
+# ---------------------------------------------------------------- index files, layouts, options
+
+
+def test_read_index_blank_lines_signs_and_dtypes(tmp_path):
+    from partialfc.data.recordio import read_index
+
+    idx = tmp_path / "a.idx"
+    idx.write_text("0\t0\n1\t40\n2\t80\n")  # the bulk parser
+    keys, offsets = read_index(idx)
+    assert keys.dtype == np.int64 and offsets.dtype == np.int64
+    assert keys.tolist() == [0, 1, 2] and offsets.tolist() == [0, 40, 80]
+    # blank lines and a last line without newline go through the line-by-line parser, which
+    # skips blank lines (all of them, not only up to the first) and accepts signed numbers
+    idx.write_text("7\t0\n\n  \n-3\t-4\n\n5\t80")
+    keys, offsets = read_index(idx)
+    assert keys.dtype == np.int64 and offsets.dtype == np.int64
+    assert keys.tolist() == [7, -3, 5] and offsets.tolist() == [0, -4, 80]
+    idx.write_text("\n\n")
+    keys, offsets = read_index(idx)
+    assert keys.dtype == np.int64 and offsets.dtype == np.int64 and keys.size == offsets.size == 0
+    for text, lineno in [("0\t0\n1\t4\t7\n", 2), ("5\n", 1), ("0\t0\nX1\t4\n", 2)]:
+        idx.write_text(text)
+        with pytest.raises(RecordIOError, match=rf"a\.idx: line {lineno}: expected 'key<TAB>"):
+            read_index(idx)
+
+
+def test_record_index_lookups_for_gapped_and_negative_keys():
+    from partialfc.data.recordio import RecordIndex
+
+    # each of these looks contiguous to a wrong test of first/last/second key and the count
+    for keys in ([-1, 0, 3], [0, 5, 7], [0, 2, 4]):
+        offsets = [0, 40, 80]
+        index = RecordIndex(np.array(keys), np.array(offsets), 120)
+        assert [index.offset(k) for k in keys] == offsets
+        assert [k in index for k in keys] == [True] * 3
+        assert index.position(1) == -1 and index.position(6) == -1 and 1 not in index
+    contiguous = RecordIndex(np.array([3, 4]), np.array([0, 40]), 80)
+    assert [contiguous.position(k) for k in (2, 3, 4, 5)] == [-1, 0, 1, -1]
+
+
+def test_reader_without_index_and_missing_files_are_named(tmp_path):
+    rec = write_hand_set(tmp_path, [(0, hand_payload(0, 0, b"data"))])
+    (tmp_path / "hand.idx").unlink()
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"hand\.idx: index file not found for .*hand\.rec; pass idx_path=, or rebuild it "
+        r"with partialfc\.data\.recordio\.build_index\(rec_path\)$",
+    ):
+        RecordIOReader(rec)
+    reader = RecordIOReader(rec, require_index=False)
+    assert reader.keys.dtype == np.int64 and reader.keys.size == 0
+    assert reader.index.offsets.dtype == np.int64 and 0 not in reader.index
+    with pytest.raises(RecordIOError, match=r"hand\.idx: no record id 0$"):
+        reader.payload(0)
+    assert [payload for _, payload in reader.scan()] == [hand_payload(0, 0, b"data")]
+    with pytest.raises(FileNotFoundError, match=r"nothing\.rec: RecordIO file not found$"):
+        RecordIOReader(tmp_path / "nothing.rec")
+
+
+def test_empty_rec_reads_as_truncated_and_closes(tmp_path):
+    (tmp_path / "empty.rec").write_bytes(b"")
+    reader = RecordIOReader(tmp_path / "empty.rec", require_index=False)
+    assert list(reader.scan()) == []
+    with pytest.raises(
+        RecordIOError, match=r"empty\.rec: record id \? at offset 0: truncated \(file ends inside"
+    ):
+        reader.read_at(0)  # no key given: "?"
+    reader.close()  # mapped nothing: closing must not fail
+    assert reader._view is None
+
+
+def test_close_unmaps_the_file(tmp_path):
+    rec = write_hand_set(tmp_path, [(0, hand_payload(0, 0, b"data"))])
+    reader = RecordIOReader(rec)
+    assert reader.read(0) == hand_payload(0, 0, b"data")
+    mapping = reader._map
+    reader.close()
+    assert mapping.closed and reader._map is None
+
+
+def test_index_offsets_at_the_end_and_an_empty_last_record(tmp_path):
+    rec = write_hand_set(tmp_path, [(0, hand_payload(0, 0, b"data")), (1, b"")])
+    reader = RecordIOReader(rec)  # the empty record starts 8 bytes before the end
+    assert reader.read(1) == b"" and reader.read(0) == hand_payload(0, 0, b"data")
+    size = rec.stat().st_size
+    (tmp_path / "hand.idx").write_text(f"0\t0\n1\t{size}\n")
+    with pytest.raises(
+        RecordIOError,
+        match=rf"hand\.idx: record id 1 points to offset {size}, beyond the end of .*hand\.rec "
+        rf"\({size} bytes\): \.idx and \.rec do not match$",
+    ):
+        RecordIOReader(rec)
+    (tmp_path / "hand.idx").write_text("0\t0\n1\t4\n")
+    with pytest.raises(
+        RecordIOError,
+        match=r"hand\.rec: offset 4 \(record id 1 in .*hand\.idx\) does not start a record: "
+        r"\.idx and \.rec do not match$",
+    ):
+        RecordIOReader(rec)
+
+
+def test_truncated_idx_message_says_how_to_rebuild(tmp_path):
+    rec = plain_set(tmp_path)
+    idx = rec.with_suffix(".idx")
+    idx.write_text("".join(idx.read_text().splitlines(keepends=True)[:-1]))
+    with pytest.raises(
+        RecordIOError,
+        match=r"the index is truncated or belongs to another file \(rebuild it with "
+        r"partialfc\.data\.recordio\.build_index\(rec_path\)\)$",
+    ):
+        RecordIOReader(rec)
+
+
+def test_scan_joins_parts_and_a_trailing_empty_part(tmp_path):
+    magic = struct.pack("<I", MAGIC)
+    two_parts = hand_payload(0, 7, b"abcd" + magic)  # 32 bytes, magic at 28: parts of 28 and 0
+    assert frame_record(two_parts) == hand_record(two_parts[:28], 1) + hand_record(b"", 3)
+    with RecordIOWriter(tmp_path / "w.rec") as writer:
+        writer.write(7, two_parts)
+        writer.write(8, hand_payload(0, 8, b"xyz"))
+    reader = RecordIOReader(tmp_path / "w.rec", require_index=False)
+    assert [payload for _, payload in reader.scan()] == [two_parts, hand_payload(0, 8, b"xyz")]
+    assert RecordIOReader(tmp_path / "w.rec").read(7) == two_parts
+
+
+def test_record_starting_with_a_continuation_part_is_refused(tmp_path):
+    (tmp_path / "c.rec").write_bytes(hand_record(hand_payload(0, 0), 2))
+    reader = RecordIOReader(tmp_path / "c.rec", require_index=False)
+    with pytest.raises(
+        RecordIOError, match=r"c\.rec: record id #0 at offset 0: unexpected continuation flag 2$"
+    ):
+        list(reader.scan())
+
+
+def test_plain_sets_starting_at_key_one_or_zero(tmp_path):
+    imgs = images(3)
+    for first in (1, 0):  # no key 0 at all, or a key 0 that is an image: no header record
+        records = [
+            (k + first, hand_payload(k, k + first, encode_image(imgs[k], ".png"))) for k in range(3)
+        ]
+        ds = RecordIODataset(write_hand_set(tmp_path, records, f"p{first}"))
+        assert ds.layout.has_header is False and ds.layout.identity_ranges is None
+        assert ds.keys.tolist() == [first, first + 1, first + 2]
+        assert ds.labels.tolist() == [0, 1, 2] and [ds[i][1] for i in range(3)] == [0, 1, 2]
+
+
+def header_records(imgs, labels, ranges, header=None):
+    """Header record, images 1..N, one identity record per range: (key, payload) pairs."""
+    n = len(labels)
+    header = header if header is not None else [n + 1.0, n + 1.0 + len(ranges)]
+    records = [(0, hand_payload(header, 0))]
+    records += [
+        (i + 1, hand_payload(labels[i], i + 1, encode_image(imgs[i], ".png"))) for i in range(n)
+    ]
+    records += [(n + 1 + c, hand_payload(list(r), n + 1 + c)) for c, r in enumerate(ranges)]
+    return records
+
+
+def test_header_sets_with_an_empty_identity_or_no_images(tmp_path):
+    imgs = images(4)
+    # identity 1 has no images: its range is empty, which is allowed
+    records = header_records(imgs, [0, 0, 2, 2], [(1, 3), (3, 3), (3, 5)])
+    ds = RecordIODataset(write_hand_set(tmp_path, records, "gap"))
+    assert ds.layout.identity_ranges.tolist() == [[1, 3], [3, 3], [3, 5]]
+    assert ds.labels.tolist() == [0, 0, 2, 2] and [ds[i][1] for i in range(4)] == [0, 0, 2, 2]
+    # no images and no identities at all: header (1, 1)
+    empty = RecordIODataset(write_hand_set(tmp_path, [(0, hand_payload([1.0, 1.0], 0))], "e"))
+    assert len(empty) == 0 and empty.layout.has_header is True
+    assert empty.layout.identity_ranges.shape == (0, 2) and empty.labels.size == 0
+    # images but no identity records: the ranges end at key 1, not at the first identity key
+    records = header_records(imgs, [0, 0, 1, 1], [], header=[5.0, 5.0])
+    with pytest.raises(
+        RecordIOError,
+        match=r"n\.rec: header record \(id 0\): identity records start at key 5, but the "
+        r"identity ranges end at key 1 \(identity record id 4\)$",
+    ):
+        RecordIODataset(write_hand_set(tmp_path, records, "n"))
+
+
+def test_header_and_identity_records_that_are_not_key_ranges_are_named(tmp_path):
+    imgs = images(2)
+    records = header_records(imgs, [0, 1], [(1, 2), (2, 3)])
+    records[0] = (0, hand_payload([4.0], 0))  # flag 1: one value, no range
+    with pytest.raises(
+        RecordIOError,
+        match=r"f\.rec: header record \(id 0\): flag 1, expected a \(start, end\) label vector$",
+    ):
+        RecordIODataset(write_hand_set(tmp_path, records, "f"))
+    records[0] = (0, b"tiny")
+    with pytest.raises(
+        RecordIOError, match=r"t\.rec: record id 0: payload of 4 bytes is shorter than IRHeader$"
+    ):
+        RecordIODataset(write_hand_set(tmp_path, records, "t"))
+    records = header_records(imgs, [0, 1], [(1, 2), (2, 3)])
+    records[-1] = (4, b"tiny")
+    with pytest.raises(
+        RecordIOError,
+        match=r"i\.rec: identity record id 4: payload of 4 bytes is shorter than IRHeader$",
+    ):
+        RecordIODataset(write_hand_set(tmp_path, records, "i"))
+
+
+def test_missing_image_record_is_named(tmp_path):
+    rec = header_set(tmp_path)  # header (8, 12): images 1..7, identities 8..11
+    idx = rec.with_suffix(".idx")
+    idx.write_text(idx.read_text().replace("\n3\t", "\n99\t"))  # image key 3 -> 99
+    with pytest.raises(RecordIOError, match=r"hs\.idx: image record id 3 is missing$"):
+        RecordIODataset(rec)
+
+
+def test_dataset_options_idx_path_transform_grayscale_and_zero_copy(tmp_path):
+    imgs = images(2)
+    records = [(k, hand_payload(k, k, encode_image(imgs[k], ".png"))) for k in range(2)]
+    rec = write_hand_set(tmp_path, records)
+    (tmp_path / "hand.idx").rename(tmp_path / "other.idx")
+    ds = RecordIODataset(rec, idx_path=tmp_path / "other.idx")
+    image = ds[1][0]
+    np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), imgs[1])
+    assert image.stride() == (1, 12 * 3, 3)  # a view of the decoded HWC buffer, not a copy
+    flipped = RecordIODataset(rec, tmp_path / "other.idx", transform=lambda t: t.flip(-1))
+    np.testing.assert_array_equal(flipped[1][0].numpy(), image.flip(-1).numpy())
+    gray = RecordIODataset(rec, tmp_path / "other.idx", grayscale=True)[1][0]
+    assert gray.shape == (1, 12, 12)
+    luma = imgs[1].astype(np.float64) @ [0.299, 0.587, 0.114]  # ITU-R BT.601
+    assert np.abs(gray[0].numpy() - luma).max() <= 1.0
+    with pytest.raises(ValueError, match=r"^on_error must be 'raise' or 'skip', got 'ignore'$"):
+        RecordIODataset(rec, tmp_path / "other.idx", on_error="ignore")
+
+
+def test_skip_with_no_readable_record_names_the_file(tmp_path):
+    rec = plain_set(tmp_path, labels=(7, 8))  # both labels outside [0, 2)
+    ds = RecordIODataset(rec, on_error="skip")
+    with pytest.raises(RecordIOError, match=r"plain\.rec: no readable record$"):
+        ds[1]
+    assert ds.skipped == [1, 0]
+
+
+def test_label_vector_longer_than_the_payload_is_named():
+    payload = struct.pack("<IfQQ", 5, 0.0, 3, 0) + struct.pack("<2f", 1.0, 2.0)  # 2 of 5 floats
+    with pytest.raises(RecordIOError, match=r"^src: label vector of 5 floats exceeds the payload$"):
+        unpack_record(payload, "src")
+    whole = struct.pack("<IfQQ", 5, 0.0, 3, 0) + struct.pack("<5f", 1, 2, 3, 4, 5) + b"xy"
+    header, data = unpack_record(whole, "src")
+    assert header.flag == 5 and header.label.tolist() == [1, 2, 3, 4, 5] and data == b"xy"
+
+
+def test_damaged_magic_inside_the_file_is_reported_on_read(tmp_path):
+    records = [(k, hand_payload(k, k, b"data")) for k in range(3)]
+    rec = write_hand_set(tmp_path, records)
+    offset = record_offset(rec, 1)
+    raw = bytearray(rec.read_bytes())
+    raw[offset : offset + 4] = b"\0" * 4
+    rec.write_bytes(bytes(raw))
+    reader = RecordIOReader(rec)  # only the first and last records are probed when opening
+    assert reader.read(2) == records[2][1]
+    with pytest.raises(
+        RecordIOError,
+        match=rf"hand\.rec: record id 1 at offset {offset}: bad magic 0x00000000 \(expected "
+        r"0xced7230a\)$",
+    ):
+        reader.read(1)
+
+
+def test_index_probe_uses_the_lowest_offset_not_the_lowest_key(tmp_path):
+    rec = write_hand_set(tmp_path, [(5, hand_payload(0, 5, b"data")), (3, hand_payload(1, 3))])
+    second = record_offset(rec, 3)
+    # key 3 (the lowest key) is right; key 5 (the lowest offset) points into its own header
+    (tmp_path / "hand.idx").write_text(f"5\t4\n3\t{second}\n")
+    with pytest.raises(
+        RecordIOError, match=r"hand\.rec: offset 4 \(record id 5 in .*hand\.idx\) does not start"
+    ):
+        RecordIOReader(rec)
+
+
+def test_split_record_after_another_record_reads_back(tmp_path):
+    magic = struct.pack("<I", MAGIC)
+    split = hand_payload(0, 2, b"x" * 100 + magic + b"y" * 50)  # magic at 124: two parts
+    with RecordIOWriter(tmp_path / "w.rec") as writer:
+        writer.write(1, hand_payload(0, 1))
+        writer.write(2, split)
+    reader = RecordIOReader(tmp_path / "w.rec")
+    assert reader.index.offsets.tolist() == [0, 32]
+    assert reader.read(2) == split and reader.read(1) == hand_payload(0, 1)
+    assert [payload for _, payload in reader.scan()] == [hand_payload(0, 1), split]

@@ -216,6 +216,8 @@ class Trainer:
             raise ValueError("a custom backbone needs its model_config ({'name', 'kwargs'})")
         self.model_config = model_config
         self.backbone = backbone.to(device)
+        if cfg.train.channels_last:
+            self.backbone = self.backbone.to(memory_format=torch.channels_last)
         self.model = self.backbone
         if self.ctx.distributed:
             self.model = nn.parallel.DistributedDataParallel(

@@ -11,6 +11,7 @@ from partialfc.train.config import ConfigError, load_config
 
 PRESETS = (
     "omniglot_cpu",
+    "omniglot_best",
     "omniglot_distill",
     "omniglot_select",
     "ms1mv3_r50_arcface",

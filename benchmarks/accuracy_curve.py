@@ -4,8 +4,9 @@ Reads ``benchmarks/results/accuracy_runs.json`` (a list of runs, one object each
 :data:`FIELDS`) and writes ``docs/omniglot_accuracy_vs_steps.png``:
 
 * x: training steps; the top axis converts them to minutes at ``--step-seconds`` (default
-  0.336 s: the 1,500-step preset took 8.4 min including its evaluation on a quiet 2-core
-  machine, so this is an upper bound for 28x28 steps; 56x56 steps cost about 4x);
+  0.352 s: the 1,500-step preset took 8.8 min including its evaluation on a quiet 2-core
+  AVX2 machine with two threads; one-thread 28x28 steps are slower and 56x56 steps cost
+  about 4x);
 * y: one-shot accuracy on Lake's 20 runs with its Wilson 95 % interval (Wilson, JASA 1927),
   one marker per run; runs with the same ``label`` and ``steps`` but different seeds get one
   more marker at their mean with a ±1 sample standard deviation bar;
@@ -27,7 +28,7 @@ from partialfc.eval.intervals import wilson
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "results" / "accuracy_runs.json"
 OUT = ROOT / "docs" / "omniglot_accuracy_vs_steps.png"
-QUIET_STEP_SECONDS = 8.4 * 60 / 1500  # 0.336 s: the quiet-machine preset run, with evaluation
+QUIET_STEP_SECONDS = 8.8 * 60 / 1500  # 0.352 s: the quiet-machine preset run, with evaluation
 PUBLISHED = {"Siamese networks": 0.920, "humans": 0.955, "BPL": 0.967}  # same 20 runs
 
 # key: (type, may be null). A run may carry a free-text "note" as well.

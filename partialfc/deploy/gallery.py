@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,6 +205,7 @@ class Gallery:
         path = Path(path)
         if not path.is_file():
             raise GalleryFileError(f"{path}: gallery file not found")
+        _check_array_sizes(path)
         try:
             with np.load(path, allow_pickle=False) as f:
                 arrays = {k: f[k] for k in ("meta", "ids", "sums", "counts")}
@@ -232,6 +234,56 @@ class Gallery:
         if names:
             gallery._index.add_with_ids(_normalize(sums), ids)
         return gallery
+
+
+_NPY_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _check_array_sizes(path: Path) -> None:
+    """Refuse a gallery whose array headers claim more bytes than the file holds.
+
+    ``numpy.load`` reserves the size an ``.npy`` header claims before it reads the data, so a
+    few edited header bytes would make it allocate gigabytes. :meth:`Gallery.save` writes
+    uncompressed (stored) members; each must lie inside the file, and its header's
+    ``shape × itemsize`` must be exactly the bytes that follow the header.
+    """
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+                    raise GalleryFileError(
+                        f"{path}: member {info.filename!r} is compressed; galleries are stored "
+                        "uncompressed"
+                    )
+                if info.header_offset + info.compress_size > size:
+                    raise GalleryFileError(
+                        f"{path}: member {info.filename!r} claims {info.compress_size} bytes "
+                        f"beyond the end of the {size}-byte file"
+                    )
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read_header = _NPY_HEADER_READERS.get(version)
+                    if read_header is None:
+                        raise GalleryFileError(
+                            f"{path}: array {info.filename!r} has .npy version {version}"
+                        )
+                    shape, _, dtype = read_header(member)
+                    header = member.tell()
+                claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if header + claimed != info.file_size:
+                    raise GalleryFileError(
+                        f"{path}: array {info.filename!r} claims shape {tuple(shape)} of "
+                        f"{dtype} ({claimed} bytes), but the member holds "
+                        f"{info.file_size - header} bytes after its header"
+                    )
+    except GalleryFileError:
+        raise
+    except Exception as err:  # noqa: BLE001 - zip and .npy header errors alike
+        raise GalleryFileError(f"{path}: not a readable gallery file ({err})") from None
 
 
 def _check_contents(path: Path, meta: dict, ids, sums, counts) -> None:

@@ -110,3 +110,39 @@ def test_bad_enrolment_is_a_clear_error():
         gallery.enroll("a", np.full((1, 4), np.nan))
     with pytest.raises(KeyError, match="not enrolled"):
         gallery.remove("nobody")
+
+
+def _claim_rows(data: bytes, rows: int) -> bytes:
+    """The gallery file with the ``sums`` header claiming ``rows`` rows: the header's dict is
+    rewritten inside its space padding, so every offset of the file stays the same."""
+    start = data.index(b"{'descr'", data.index(b"sums.npy"))
+    end = data.index(b"\n", start)
+    claim = f"{{'descr': '<f8', 'fortran_order': False, 'shape': ({rows}, 32), }}".encode()
+    assert len(claim) <= end - start
+    return data[:start] + claim.ljust(end - start) + data[end:]
+
+
+@pytest.mark.parametrize("rows", [10**9, 61])
+def test_array_header_claiming_more_than_the_file_holds_is_refused_before_allocating(
+    enrolled, tmp_path, rows
+):
+    gallery, _, _ = enrolled
+    path = tmp_path / "gallery.npz"
+    gallery.save(path)
+    path.write_bytes(_claim_rows(path.read_bytes(), rows))
+    # 1e9 x 32 float64 would be a 256 GB allocation; one extra row is the smallest lie
+    with pytest.raises(GalleryFileError, match=rf"gallery.npz: array 'sums.npy' claims shape "
+                       rf"\({rows}, 32\) of float64 \({rows * 256} bytes\), but the member "
+                       rf"holds 15360 bytes"):  # fmt: skip
+        Gallery.open(path)
+
+
+def test_compressed_gallery_members_are_refused(enrolled, tmp_path):
+    gallery, _, _ = enrolled
+    path = tmp_path / "gallery.npz"
+    gallery.save(path)
+    with np.load(path) as f:
+        arrays = {k: f[k] for k in f.files}
+    np.savez_compressed(path, **arrays)  # same arrays, deflated: a zip bomb would look like this
+    with pytest.raises(GalleryFileError, match="gallery.npz: member 'meta.npy' is compressed"):
+        Gallery.open(path)

@@ -287,6 +287,51 @@ class RecordIOReader:
         """Indexed record ids, sorted (int64)."""
         return self.index.keys
 
+    def coverage_gaps(self) -> list[tuple[int, str]]:
+        """Bytes of the ``.rec`` that no indexed record covers: ``[(record id, message)]``.
+
+        Every indexed record must end where the next one (by offset) starts, and the last at
+        the end of the file; a ``.idx`` that misses records in the middle leaves a gap after
+        the record before them. Reads the header of every indexed record (one page per
+        record), so it runs in :meth:`RecordIODataset.verify`, not when a file is opened,
+        which probes only the first and the last record.
+        """
+        index = self.index
+        if not len(index):
+            return []
+        order = np.argsort(index.offsets, kind="stable")
+        keys, offsets = index.keys[order], index.offsets[order]
+        ends = np.empty_like(offsets)
+        for i, (key, offset) in enumerate(zip(keys.tolist(), offsets.tolist(), strict=True)):
+            head = self._slice(_LREC.size, offset)
+            magic, lrec = _LREC.unpack(head) if len(head) == _LREC.size else (None, 0)
+            length = lrec & _LENGTH_MASK
+            if magic == MAGIC and lrec >> 29 == 0:  # a whole record: its header gives the end
+                ends[i] = offset + _LREC.size + length + (-length % 4)
+                continue
+            try:  # split records, or damage that reading the record reports
+                ends[i] = self.read_at(offset, key)[1]
+            except RecordIOError:
+                ends[i] = -1  # damaged: reported by reading it, not as a gap
+        following = np.append(offsets[1:], self.size)
+        gaps = []
+        for i in np.flatnonzero((ends >= 0) & (ends != following)).tolist():
+            key, offset, end, nxt = int(keys[i]), int(offsets[i]), int(ends[i]), int(following[i])
+            where = f"{self.rec_path}: record id {key} at offset {offset} ends at byte {end}"
+            if end < nxt:
+                after = (
+                    f"the next indexed record starts at {nxt}"
+                    if i + 1 < len(keys)
+                    else (f"the file ends at {nxt}")
+                )
+                gaps.append((key, f"{where}, but {after}: {nxt - end} bytes are in no index "
+                                  f"entry ({self.idx_path} misses records; rebuild it with "
+                                  "partialfc.data.recordio.build_index(rec_path))"))  # fmt: skip
+            else:
+                gaps.append((key, f"{where}, past the start of the next indexed record at {nxt}: "
+                                  f".idx and .rec do not match"))  # fmt: skip
+        return gaps
+
     def read_at(self, offset: int, key: int | str = "?", span: int = 0) -> tuple[bytes, int]:
         """Read the record starting at ``offset`` -> (payload, offset of the next record).
 
@@ -623,8 +668,9 @@ class RecordIODataset(LabelledDataset):
         raise RecordIOError(f"{self.reader.rec_path}: no readable record")
 
     def verify(self) -> list[tuple[int, str]]:
-        """Read and decode every image record; returns [(record id, error message)] for bad ones."""
-        bad = []
+        """Read and decode every image record; returns [(record id, error message)] for bad ones,
+        after the gaps of an index that misses records (:meth:`RecordIOReader.coverage_gaps`)."""
+        bad = self.reader.coverage_gaps()
         for i, key in enumerate(self.keys):
             try:
                 self._load_item(i)

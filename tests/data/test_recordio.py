@@ -3,6 +3,7 @@ sets with and without the InsightFace header record, and the errors for bad file
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -270,6 +271,30 @@ def test_truncated_idx_is_refused(tmp_path):
             rf"\d+, but .*{name}.rec has {rec.stat().st_size} bytes: the index is truncated",
         ):
             RecordIODataset(rec)
+
+
+def test_idx_missing_middle_records_is_reported_by_verify(tmp_path):
+    """Without a header record nothing else says how many records there are: opening probes
+    only the first and last records, so the set opens without the two dropped records, and
+    verify() names the record before the gap and the bytes no entry covers. (With a header
+    record, the identity ranges already refuse such an index when the set is opened.)"""
+    rec = plain_set(tmp_path, labels=(0, 1, 1, 1, 2, 3))  # what remains is still 4 classes
+    assert RecordIODataset(rec).verify() == []  # intact: no gaps, no damaged records
+    idx = rec.with_suffix(".idx")
+    lines = idx.read_text().splitlines(keepends=True)
+    before, first_gone, kept = int(lines[1].split()[0]), int(lines[2].split()[1]), lines[4]
+    idx.write_text("".join(lines[:2] + lines[4:]))  # drop the 3rd and 4th entries
+    gap = int(kept.split()[1]) - first_gone
+    dataset = RecordIODataset(rec)
+    assert len(dataset) == 6 - 2
+    problems = dataset.verify()
+    assert [key for key, _ in problems] == [before]
+    assert re.search(
+        rf"{rec.name}: record id {before} at offset {record_offset(rec, before)} ends at byte "
+        rf"{first_gone}, but the next indexed record starts at {first_gone + gap}: {gap} bytes "
+        rf"are in no index entry \(.*{idx.name} misses records",
+        problems[0][1],
+    )
 
 
 def plain_set(tmp_path, labels=(0, 1, 2, 3), name="plain"):

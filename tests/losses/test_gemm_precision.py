@@ -135,7 +135,9 @@ def test_dense_head_bfloat16_within_tolerance_and_gemms_rounded(k):
     out = {}
     for dtype in ("float32", "bfloat16"):
         torch.manual_seed(0)
-        head = MarginSoftmaxHead(13, 32, margin, num_subcenters=k, compute_dtype=dtype)
+        head = MarginSoftmaxHead(
+            13, 32, margin, num_subcenters=k, compute_dtype=dtype, gemm_path="emulated"
+        )  # the exact bound holds on every CPU
         with torch.no_grad():
             head.weight.mul_(25.0)  # centers of norm ~1
         xl = x.clone().requires_grad_(True)

@@ -292,7 +292,8 @@ def test_idx_missing_middle_records_is_reported_by_verify(tmp_path):
     assert re.search(
         rf"{rec.name}: record id {before} at offset {record_offset(rec, before)} ends at byte "
         rf"{first_gone}, but the next indexed record starts at {first_gone + gap}: {gap} bytes "
-        rf"are in no index entry \(.*{idx.name} misses records",
+        rf"are in no index entry \(.*{idx.name} misses records; rebuild it with "
+        r"partialfc\.data\.recordio\.build_index\(rec_path\)\)$",
         problems[0][1],
     )
 
@@ -878,3 +879,106 @@ def test_split_record_after_another_record_reads_back(tmp_path):
     assert reader.index.offsets.tolist() == [0, 32]
     assert reader.read(2) == split and reader.read(1) == hand_payload(0, 1)
     assert [payload for _, payload in reader.scan()] == [hand_payload(0, 1), split]
+
+
+def test_coverage_gaps_follow_split_records_and_unaligned_lengths(tmp_path):
+    """Records of 5 and 3 payload bytes (padded to 8 and 4) and a record split in three parts
+    at two aligned magics: every indexed record ends where the next starts, so no gap. The
+    first part of a split record carries continuation flag 1, its header alone does not give
+    the record's end. The split record's id (0) is the offset of another record, so reading
+    it by id instead of by offset gives a wrong end."""
+    magic = struct.pack("<I", MAGIC)
+    split = b"abcd" + magic + b"efghijkl" + magic + b"mn"  # parts of 4, 8 and 2 bytes
+    with RecordIOWriter(tmp_path / "w.rec") as writer:
+        writer.write(1, b"12345")
+        writer.write(0, split)
+        writer.write(3, b"xyz")
+    reader = RecordIOReader(tmp_path / "w.rec")
+    assert reader.index.offsets.tolist() == [16, 0, 16 + 12 + 16 + 12]  # ids 0, 1, 3
+    assert reader.read(0) == split
+    assert reader.coverage_gaps() == []
+    # dropping the split record from the index leaves its 40 bytes uncovered
+    (tmp_path / "w.idx").write_text("1\t0\n3\t56\n")
+    gaps = RecordIOReader(tmp_path / "w.rec").coverage_gaps()
+    assert [key for key, _ in gaps] == [1]
+    assert "ends at byte 16, but the next indexed record starts at 56: 40 bytes" in gaps[0][1]
+
+
+def test_coverage_gaps_leave_damaged_records_to_the_read(tmp_path):
+    """A record whose header is zeroed (no magic, length 0) has no known end: it is reported
+    once, by reading it in verify(), not also as a gap."""
+    records = [(k, hand_payload(k, k, b"data")) for k in range(3)]
+    rec = write_hand_set(tmp_path, records)
+    offset = record_offset(rec, 1)
+    raw = bytearray(rec.read_bytes())
+    raw[offset : offset + 8] = b"\0" * 8
+    rec.write_bytes(bytes(raw))
+    assert RecordIOReader(rec).coverage_gaps() == []
+
+
+def test_coverage_gaps_report_an_entry_inside_another_record(tmp_path):
+    """An index entry that points at a record header stored inside another record's payload
+    (framed by hand, so the embedded magic is not split) makes the outer record end past the
+    start of the next indexed one."""
+    inner = hand_record(b"in")  # 12 bytes
+    outer = hand_payload(0, 0, b"pad!" + inner)  # 24-byte IRHeader, then 4 + 12 bytes
+    rec = tmp_path / "o.rec"
+    rec.write_bytes(hand_record(outer) + hand_record(hand_payload(2, 2)))
+    inner_at = 8 + 24 + 4
+    (tmp_path / "o.idx").write_text(f"0\t0\n1\t{inner_at}\n2\t48\n")
+    gaps = RecordIOReader(rec).coverage_gaps()
+    assert gaps == [
+        (
+            0,
+            f"{rec}: record id 0 at offset 0 ends at byte 48, past the start of the next "
+            f"indexed record at {inner_at}: .idx and .rec do not match",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0\t0\t1\t40\n",  # two entries on one line: the bulk parse sees two rows
+        "0\t0\t1\t40",  # the same without the final newline
+        "0\n0",  # one entry over two lines
+        "0\n0\n ",  # the same, ending in a blank line without newline
+        "0\t0\t0\n1\t40\t1\n",  # three fields per line: the bulk parse sees three rows
+    ],
+)
+def test_read_index_refuses_entries_not_one_per_line(tmp_path, text):
+    from partialfc.data.recordio import read_index
+
+    idx = tmp_path / "a.idx"
+    idx.write_text(text)
+    with pytest.raises(RecordIOError, match=r"a\.idx: line 1: expected 'key<TAB>offset'$"):
+        read_index(idx)
+
+
+def test_record_index_spans_and_contiguous_base():
+    from partialfc.data.recordio import RecordIndex
+
+    index = RecordIndex(np.array([4, 2, 3]), np.array([80, 0, 40]), 200)
+    assert index.keys.tolist() == [2, 3, 4]
+    assert index.spans.dtype == np.int64 and index.spans.tolist() == [40, 40, 120]
+    assert index.base == 2  # contiguous keys: looked up by subtraction
+    assert RecordIndex(np.array([7]), np.array([0]), 16).base == 7
+    assert RecordIndex(np.array([2, 4]), np.array([0, 40]), 80).base is None
+    assert RecordIndex(np.array([2, 3, 5]), np.array([0, 40, 80]), 120).base is None
+
+
+def test_reader_maps_the_file_as_process_1_after_pickling_and_closing(tmp_path, monkeypatch):
+    """In a container the main process can be PID 1: "not mapped yet" must not look like a
+    mapping made by process 1."""
+    import pickle
+
+    import partialfc.data.recordio as recordio
+
+    rec = write_hand_set(tmp_path, [(0, hand_payload(0, 0, b"data"))])
+    pickled = pickle.dumps(RecordIOReader(rec))
+    monkeypatch.setattr(recordio.os, "getpid", lambda: 1)
+    assert RecordIOReader(rec).read(0) == hand_payload(0, 0, b"data")
+    assert pickle.loads(pickled).read(0) == hand_payload(0, 0, b"data")
+    reader = RecordIOReader(rec)
+    reader.close()
+    assert reader.read(0) == hand_payload(0, 0, b"data")

@@ -147,3 +147,125 @@ def test_diagnostics_pass_their_seed_to_the_class_sample():
     other = pfc.diagnostics(x, y, seed=5)
     assert other == partial_fc_diagnostics(x, y, pfc, seed=5)
     assert other["mics"] != default["mics"]
+
+
+THRESHOLD_RANGE = "negative_cos_threshold must be in [-1, 1] or None, got "
+REFUSALS = [
+    (dict(margin=lambda c, t: c), "margin must be a CombinedMargin, got function"),
+    (dict(num_classes=True), "num_classes must be a positive int, got True"),
+    (dict(num_classes=0), "num_classes must be a positive int, got 0"),
+    (dict(num_classes=2.0), "num_classes must be a positive int, got 2.0"),
+    (dict(embedding_dim=0), "embedding_dim must be a positive int, got 0"),
+    (dict(embedding_dim="8"), "embedding_dim must be a positive int, got '8'"),
+    (dict(num_subcenters=0), "num_subcenters must be an int >= 1, got 0"),
+    (dict(num_subcenters=2.0), "num_subcenters must be an int >= 1, got 2.0"),
+    (dict(negative_cos_threshold=-1.5), THRESHOLD_RANGE + "-1.5"),
+    (dict(negative_cos_threshold=1.5), THRESHOLD_RANGE + "1.5"),
+    (dict(update="Dense"), 'update must be "sparse" or "dense", got \'Dense\''),
+    (
+        dict(backbone_grad_reduction="SUM"),
+        'backbone_grad_reduction must be "mean" or "sum", got \'SUM\'',
+    ),
+    (
+        dict(storage_dtype=torch.float16),
+        "storage_dtype must be one of (torch.float32, torch.bfloat16), got torch.float16",
+    ),
+    (
+        dict(update="dense", storage_device="cpu"),
+        'update="dense" keeps a float32 table on the compute device',
+    ),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), REFUSALS)
+def test_constructor_refusals_name_the_argument(kwargs, message):
+    args = dict(num_classes=10, embedding_dim=D, margin=ArcFaceMargin())
+    with pytest.raises(ValueError, match=_exact(message)):
+        PartialFC(**{**args, **kwargs})
+
+
+def test_constructor_accepts_the_boundaries_and_keeps_its_settings():
+    for kwargs in (
+        dict(num_classes=1),
+        dict(embedding_dim=1),
+        dict(negative_cos_threshold=-1.0),
+        dict(negative_cos_threshold=1.0),
+        dict(backbone_grad_reduction="sum"),
+        dict(sample_rate=1),
+    ):
+        PartialFC(**{**dict(num_classes=10, embedding_dim=D, margin=ArcFaceMargin()), **kwargs})
+    pfc = PartialFC(10, D, ArcFaceMargin(), sample_rate=0.5, num_subcenters=2,
+                    negative_cos_threshold=0.4, storage_dtype=torch.bfloat16,
+                    backbone_grad_reduction="sum")  # fmt: skip
+    assert pfc.extra_repr() == (
+        "num_classes=10, embedding_dim=8, sample_rate=0.5, num_subcenters=2, "
+        "negative_cos_threshold=0.4, update='sparse', storage_dtype=torch.bfloat16, "
+        "compute=float32 (float32), rank=0/1, classes=[0, 10)"
+    )
+    assert pfc.backbone_grad_reduction == "sum" and pfc.process_group is None
+    for path in ("native", "emulated"):
+        precision = PartialFC(10, D, ArcFaceMargin(), compute_dtype="bfloat16", gemm_path=path)
+        assert precision.precision.path == path
+
+
+def test_initial_centers_across_the_65536_class_chunk_boundary():
+    """Rows are drawn per chunk of 65536 classes, chunk j from seed * 1_000_003 + j; every
+    window of classes, inside a chunk or across the boundary, is a slice of the full table."""
+    from partialfc.classifier import init_center_rows
+
+    chunk, extra, d, k, seed, std = 65536, 41, 2, 1, 5, 0.5
+    c = chunk + extra
+    full = init_center_rows(c, d, k, seed, 0, c, std=std)
+    first = torch.randn(chunk * k, d, generator=torch.Generator().manual_seed(seed * 1_000_003))
+    second = torch.randn(
+        extra * k, d, generator=torch.Generator().manual_seed(seed * 1_000_003 + 1)
+    )
+    assert torch.equal(full[: chunk * k], first * std)
+    assert torch.equal(full[chunk * k :], second * std)
+    for start, stop in [(65530, 65537), (65536, 65537), (65535, 65536), (65536, c), (10, c)]:
+        assert torch.equal(init_center_rows(c, d, k, seed, start, stop, std=std), full[start:stop])
+
+
+def test_make_optimizer_passes_every_setting():
+    from partialfc.classifier import RowSparseAdamW
+    from partialfc.losses.contract import OptimizerSettings
+
+    sparse = PartialFC(10, D, ArcFaceMargin())
+    sgd = sparse.make_optimizer(OptimizerSettings("sgd", lr=0.3, momentum=0.7, weight_decay=0.2))
+    assert type(sgd) is RowSparseSGD
+    assert sgd.defaults == dict(lr=0.3, momentum=0.7, weight_decay=0.2, nesterov=False)
+    settings = OptimizerSettings("adamw", lr=0.3, betas=[0.8, 0.9], eps=1e-4, weight_decay=0.2)
+    adamw = sparse.make_optimizer(settings)
+    assert type(adamw) is RowSparseAdamW
+    assert adamw.defaults == dict(lr=0.3, betas=(0.8, 0.9), eps=1e-4, weight_decay=0.2)
+    dense = PartialFC(10, D, ArcFaceMargin(), update="dense")
+    torch_sgd = dense.make_optimizer(OptimizerSettings("sgd", lr=0.3, momentum=0.7))
+    assert type(torch_sgd) is torch.optim.SGD and torch_sgd.defaults["momentum"] == 0.7
+    assert torch_sgd.param_groups[0]["params"] == [dense.weight]
+    with pytest.raises(ValueError, match=_exact("optimizer name='lamb': choose sgd or adamw")):
+        sparse.make_optimizer(OptimizerSettings("lamb"))
+
+
+def test_each_sample_is_shifted_by_its_own_maximum():
+    """With s = 64 a sample near a negative center (top logit +63.7) and one whose target is
+    2.6 rad away and whose negatives are opposite it (every logit below -63.9) are 127 apart:
+    shifting both by the batch maximum would underflow the second sample's exp to 0 in float32.
+    The loss stays finite and equals the float64 reference."""
+    pfc = PartialFC(3, 2, ArcFaceMargin(0.5, 64.0), update="dense")
+    phi = math.pi - 2.6  # class 1 is 2.6 rad from sample 2 = (-1, 0)
+    with torch.no_grad():
+        pfc.weight.copy_(torch.tensor([[1.0, 0.0], [math.cos(phi), math.sin(phi)], [1.0, 0.0]]))
+    x, y = torch.tensor([[1.0, 0.1], [-1.0, 0.0]]), torch.tensor([0, 1])
+    loss = pfc(x, y)
+    ref_loss, _, _ = dense_reference(x, pfc.weight.detach(), y, scale=64.0, m2_rad=0.5)
+    assert math.isfinite(loss.item())
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+
+
+def test_labels_of_another_integer_dtype_give_the_same_loss():
+    pfc = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), sample_rate=0.5, init_std=0.3)
+    x, y = _batch(20)
+    with torch.no_grad():
+        expected = pfc(x, y)
+        for dtype in (torch.int32, torch.int16, torch.uint8):
+            assert torch.equal(pfc(x, y.to(dtype)), expected)

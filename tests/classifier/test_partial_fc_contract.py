@@ -269,3 +269,20 @@ def test_labels_of_another_integer_dtype_give_the_same_loss():
         expected = pfc(x, y)
         for dtype in (torch.int32, torch.int16, torch.uint8):
             assert torch.equal(pfc(x, y.to(dtype)), expected)
+
+
+def test_plain_steps_record_their_own_step_and_refuse_an_unapplied_one():
+    pfc = PartialFC(20, D, ArcFaceMargin(), sample_rate=0.5, init_std=0.3)
+    opt = RowSparseSGD(pfc, lr=0.1)
+    x, y = _batch(20)
+    for step in range(3):
+        pfc(x, y).backward()
+        assert pfc.active_rows.step == step
+        opt.step()
+    pfc(x, y).backward()
+    with pytest.raises(RuntimeError, match=_exact(
+        "PartialFC: the previous step's center gradients were never applied; call "
+        "optimizer.step() between steps, or prepare_step() to accumulate gradients over "
+        "several micro-batches"
+    )):  # fmt: skip
+        pfc(x, y)

@@ -286,3 +286,11 @@ def test_plain_steps_record_their_own_step_and_refuse_an_unapplied_one():
         "several micro-batches"
     )):  # fmt: skip
         pfc(x, y)
+
+
+def test_embeddings_that_are_not_a_tensor_are_named():
+    pfc = PartialFC(10, D, ArcFaceMargin())
+    with pytest.raises(ValueError, match=_exact(
+        "PartialFC (rank 0): local_embeddings must be a 2-D tensor (B, d), got <class 'list'>"
+    )):  # fmt: skip
+        pfc([[0.0] * D], torch.tensor([0]))

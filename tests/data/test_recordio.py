@@ -841,13 +841,19 @@ def test_label_vector_longer_than_the_payload_is_named():
     assert header.flag == 5 and header.label.tolist() == [1, 2, 3, 4, 5] and data == b"xy"
 
 
-def test_damaged_magic_inside_the_file_is_reported_on_read(tmp_path):
+def three_records_with_a_zeroed_header(tmp_path, zeroed_bytes: int):
+    """Records 0, 1, 2 with the first ``zeroed_bytes`` of record 1's header set to zero."""
     records = [(k, hand_payload(k, k, b"data")) for k in range(3)]
     rec = write_hand_set(tmp_path, records)
     offset = record_offset(rec, 1)
     raw = bytearray(rec.read_bytes())
-    raw[offset : offset + 4] = b"\0" * 4
+    raw[offset : offset + zeroed_bytes] = b"\0" * zeroed_bytes
     rec.write_bytes(bytes(raw))
+    return records, rec, offset
+
+
+def test_damaged_magic_inside_the_file_is_reported_on_read(tmp_path):
+    records, rec, offset = three_records_with_a_zeroed_header(tmp_path, 4)
     reader = RecordIOReader(rec)  # only the first and last records are probed when opening
     assert reader.read(2) == records[2][1]
     with pytest.raises(
@@ -907,12 +913,7 @@ def test_coverage_gaps_follow_split_records_and_unaligned_lengths(tmp_path):
 def test_coverage_gaps_leave_damaged_records_to_the_read(tmp_path):
     """A record whose header is zeroed (no magic, length 0) has no known end: it is reported
     once, by reading it in verify(), not also as a gap."""
-    records = [(k, hand_payload(k, k, b"data")) for k in range(3)]
-    rec = write_hand_set(tmp_path, records)
-    offset = record_offset(rec, 1)
-    raw = bytearray(rec.read_bytes())
-    raw[offset : offset + 8] = b"\0" * 8
-    rec.write_bytes(bytes(raw))
+    _, rec, _ = three_records_with_a_zeroed_header(tmp_path, 8)
     assert RecordIOReader(rec).coverage_gaps() == []
 
 

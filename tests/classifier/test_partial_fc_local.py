@@ -161,7 +161,7 @@ def test_handshake_step_consumes_rows_once():
         stale.backward()
 
 
-@pytest.mark.parametrize("k, threshold", [(1, None), (3, 0.2)])
+@pytest.mark.parametrize("k, threshold", [(1, None), (2, None), (3, 0.2)])
 def test_chunked_layer_matches_the_dense_reference(monkeypatch, k, threshold):
     import partialfc.classifier.storage as storage_module
 

@@ -58,3 +58,15 @@ def dense_reference(embeddings: Tensor, centers: Tensor, labels: Tensor, **kwarg
     loss = F.cross_entropy(logits, target)
     loss.backward()
     return loss.detach(), x.grad, w.grad
+
+
+def assert_close_at_scale(actual, expected, rtol: float = 1e-5, atol_of_max: float = 1e-5):
+    """``assert_close`` with an absolute tolerance of ``atol_of_max * max|expected|``.
+
+    Two float32 computations that sum in different orders (GEMM blocks, micro-batches, ranks)
+    differ by a few ulp of the *largest* term: an element that is a small difference of large
+    terms needs the tensor's scale, not its own, as the absolute tolerance.
+    """
+    actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol_of_max * scale)

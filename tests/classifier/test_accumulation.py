@@ -15,6 +15,7 @@ import torch
 from partialfc.classifier import PartialFC
 from partialfc.losses.contract import OptimizerSettings
 from partialfc.losses.margins import CombinedMargin
+from tests.classifier.reference import assert_close_at_scale
 from tests.distributed import run_ranks
 
 NUM_CLASSES, DIM, MICRO, K = 40, 8, 6, 3
@@ -68,14 +69,6 @@ def _micro_batches(x, y, sample_rate, optimizer, steps=2, k=K, compute_dtype="fl
     return head, opt, grads
 
 
-def _close(actual, expected):
-    """Equal to float32 rounding: the sums run in another order (GEMM blocks, micro-batches)."""
-    scale = float(torch.as_tensor(expected).abs().max())
-    torch.testing.assert_close(
-        torch.as_tensor(actual), torch.as_tensor(expected), rtol=1e-5, atol=1e-5 * scale
-    )
-
-
 def _opt_state(opt):
     return {name: t.data.float() for name, t in opt.tables.items()}
 
@@ -87,13 +80,13 @@ def test_micro_batches_equal_one_batch_of_their_union(sample_rate, optimizer):
     one, one_opt, one_grads = _one_batch(x, y, sample_rate, optimizer)
     acc, acc_opt, acc_grads = _micro_batches(x, y, sample_rate, optimizer)
     for g1, gk in zip(one_grads, acc_grads, strict=True):
-        _close(gk, g1)
+        assert_close_at_scale(gk, g1)
     start = _head(sample_rate, optimizer)[0].local_centers_float32()
     moved = one.local_centers_float32()
     assert (moved - start).abs().max() > 1e-3  # the step moved the centers
-    _close(acc.local_centers_float32(), moved)
+    assert_close_at_scale(acc.local_centers_float32(), moved)
     for name, value in _opt_state(one_opt).items():
-        _close(_opt_state(acc_opt)[name], value)
+        assert_close_at_scale(_opt_state(acc_opt)[name], value)
     assert acc.sampling_step == one.sampling_step == 2  # one draw per optimizer step
     if sample_rate < 1:  # unsampled centers did not move
         untouched = (moved - start).abs().amax(dim=1) == 0
@@ -110,8 +103,8 @@ def test_micro_batches_equal_one_batch_in_bfloat16_compute(sample_rate):
     acc, _, acc_grads = _micro_batches(x, y, sample_rate, "sgd", k=2, compute_dtype="bfloat16")
     assert one.precision.path == acc.precision.path == "emulated"
     for g1, gk in zip(one_grads, acc_grads, strict=True):
-        _close(gk, g1)
-    _close(acc.local_centers_float32(), one.local_centers_float32())
+        assert_close_at_scale(gk, g1)
+    assert_close_at_scale(acc.local_centers_float32(), one.local_centers_float32())
     fp32, _, _ = _one_batch(x, y, sample_rate, "sgd")
     gap = (fp32.local_centers_float32() - one.local_centers_float32()).abs().max()
     assert gap > 1e-5  # bfloat16 compute is not float32: the comparison above can tell
@@ -167,11 +160,11 @@ def test_two_ranks_accumulating_equal_two_ranks_with_the_whole_batch():
     results = run_ranks(_two_rank_body, 2, timeout_s=120)
     for rate in (1.0, 0.3):
         for (acc_centers, acc_grads), (one_centers, one_grads) in (r[rate] for r in results):
-            _close(acc_centers, one_centers)
+            assert_close_at_scale(acc_centers, one_centers)
             for gk, g1 in zip(acc_grads, one_grads, strict=True):
-                _close(gk, g1)
+                assert_close_at_scale(gk, g1)
     # with all classes active, 2 ranks also equal 1 process with the whole batch
     x, y = _batch()
     one, _, _ = _one_batch(x, y, 1.0, "sgd")
     both = np.concatenate([r[1.0][0][0] for r in results])
-    _close(both, one.local_centers_float32().numpy())
+    assert_close_at_scale(both, one.local_centers_float32().numpy())

@@ -271,7 +271,10 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
             wc = plan.read_rows(lo, hi) if w is None else w[lo:hi]
             inv = torch.linalg.vector_norm(wc, dim=1).clamp_min_(1e-12).reciprocal_()
             inv_norm[lo:hi] = inv
-            w_op = prec.operand(wc, representable=w is None and plan.rows_representable)
+            if plan.operand_rows is not None:  # converted once, read again by backward
+                w_op = plan.operand_rows[lo:hi].copy_(wc)
+            else:
+                w_op = prec.operand(wc, representable=w is None and plan.rows_representable)
             prec.mm(w_op, x_t, out=scores[lo:hi], rounded=True)
             scores[lo:hi].mul_(inv.mul_(scale).unsqueeze(1))
         z, argmax = scores, None
@@ -338,6 +341,9 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
             qc = q[lo:hi].mul_(inv_norm[lo:hi].unsqueeze(1))  # dL/d(w_j . x_i)
             if grad_x is None and grad_w is None:
                 continue
+            if grad_w is None and plan.operand_rows is not None:  # the rows forward used
+                prec.addmm_(grad_x, prec.operand(qc).t(), plan.operand_rows[lo:hi], rounded=True)
+                continue
             wc = plan.read_rows(lo, hi) if w is None else w[lo:hi]
             if grad_x is not None:
                 w_op = prec.operand(wc, representable=w is None and plan.rows_representable)
@@ -369,6 +375,7 @@ class _StepPlan:
     chunk_rows: int
     precision: GemmPrecision
     rows_representable: bool  # stored rows are exact in the compute dtype (no rounding pass)
+    operand_rows: Tensor | None  # (n, d) compute-dtype operands kept for backward, or None
     record: ActiveRows | None
     process_group: object
     world_size: int
@@ -497,6 +504,9 @@ class PartialFC(Head):
         self._chunk_buffer = ReusableBuffer(self.device)  # one chunk of float32 rows
         self._scores_buffer = ReusableBuffer(self.device)  # (n, B) scores / coefficients
         self._device_rows_buffer = ReusableBuffer(self.device)  # (n, d), staged tables only
+        # (n, d) GEMM operands of the active rows in the compute dtype, kept from forward for
+        # backward on the native low-precision path (half the bytes of a float32 copy)
+        self._operand_buffer = ReusableBuffer(self.device, dtype=self.precision.dtype)
         self.generation = 0  # bumped by every forward; a stale graph refuses to backward
         self._active: ActiveRows | None = None
         self._planned: Tensor | None = None  # active classes of an accumulated step
@@ -698,6 +708,11 @@ class PartialFC(Head):
             precision=self.precision,
             rows_representable=self.update == "sparse"
             and self.storage_dtype == self.precision.dtype,
+            operand_rows=(
+                self._operand_buffer.get(rows.numel(), self.embedding_dim)
+                if w is None and self.precision.path == "native"
+                else None
+            ),
             record=record,
             process_group=self.process_group,
             world_size=self.world_size,

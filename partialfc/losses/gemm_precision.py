@@ -141,9 +141,9 @@ class GemmPrecision:
         if not self.output_rounded:
             product = torch.mm(a, b, out_dtype=torch.float32)
         else:
-            product = torch.mm(a, b).float()
+            product = torch.mm(a, b)  # widened by the copy or the add below, in one pass
         if out is None:
-            return product
+            return product.float()
         return out.copy_(product)
 
     def addmm_(self, acc: Tensor, a: Tensor, b: Tensor, rounded: bool = False) -> Tensor:
@@ -152,7 +152,9 @@ class GemmPrecision:
             a, b = self.operand(a), self.operand(b)
         if self.path != "native":
             return acc.addmm_(a, b)
-        return acc.add_(self.mm(a, b, rounded=True))
+        if not self.output_rounded:
+            return acc.add_(torch.mm(a, b, out_dtype=torch.float32))
+        return acc.add_(torch.mm(a, b))  # the float32 add widens the rounded product
 
     def describe(self) -> str:
         name = str(self.dtype).removeprefix("torch.")

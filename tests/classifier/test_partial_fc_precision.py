@@ -212,6 +212,28 @@ def test_native_path_agrees_with_emulated_on_a_tiny_layer():
     assert _rel(res["native"][2], res["emulated"][2]) <= GRAD_RTOL
 
 
+def test_native_backward_reads_the_rows_of_forward_once():
+    """On the native path forward keeps the bfloat16 operands of the active rows for
+    backward: the table is read once per step, and a table changed between forward and
+    backward (which only the optimizer may do, after backward) does not reach the gradient."""
+    x, y = _batch(9)
+    grads, reads = {}, {}
+    for changed in (False, True):
+        pfc = PartialFC(C, D, ArcFaceMargin(0.5, S), compute_dtype="bfloat16", gemm_path="native",
+                        seed=SEED, init_std=STD)  # fmt: skip
+        calls = []
+        read = pfc.centers.read
+        pfc.centers.read = lambda rows, out=None: calls.append(rows.numel()) or read(rows, out)
+        xl = x.clone().requires_grad_(True)
+        loss = pfc(xl, y)
+        if changed:
+            pfc.centers.data.mul_(-3.0)
+        loss.backward()
+        grads[changed], reads[changed] = xl.grad, calls
+    assert reads[False] == [C]  # forward's one read of the 11 active rows; none in backward
+    torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=0)
+
+
 def test_dense_update_mode_matches_sparse_in_bfloat16():
     x, y = _batch(9)
     grads = {}

@@ -1,16 +1,18 @@
 """Check for real that exports load and match PyTorch on the oldest declared onnxruntime.
 
-    python tools/check_onnxruntime_floor.py [--ort 1.16.3] [--opsets 11 13 18]
+    python tools/check_onnxruntime_floor.py [--ort 1.16.3] [--opsets 11 13 18] [--out r.json]
 
 Exports a small backbone at each opset with this environment, saves reference PyTorch
 outputs, then creates a throwaway virtual environment with ``onnxruntime==<--ort>`` (and
 numpy<2, which that release needs), runs every export there and compares. Needs network access
-to the package index; prints one line per opset and exits non-zero on any failure.
+to the package index; prints one line per opset and exits non-zero on any failure. ``--out``
+also writes the results (opset, IR version, max |diff| per export, versions, date) as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import subprocess
 import sys
@@ -19,7 +21,10 @@ import venv
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
+
+TOLERANCE = 1e-4
 
 RUNNER = """
 import json, sys, numpy as np, onnxruntime as ort
@@ -44,6 +49,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ort", default="1.16.3", help="onnxruntime version to test")
     parser.add_argument("--opsets", type=int, nargs="+", default=[11, 13, 18])
+    parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     args = parser.parse_args()
     config = {"name": "iresnet_small", "kwargs": {"embedding_dim": 32, "input_size": 28}}
     torch.manual_seed(0)
@@ -71,15 +77,31 @@ def main() -> int:
             [python, "-c", RUNNER, json.dumps(jobs)], check=True, capture_output=True, text=True
         )
         report = json.loads(run.stdout)
-    failed = 0
+    rows = []
     for path, outcome in report["results"].items():
         opset, ir = meta[path]
-        ok = outcome["ok"] and outcome["max_abs_diff"] < 1e-4
-        failed += not ok
+        ok = outcome["ok"] and outcome["max_abs_diff"] < TOLERANCE
+        rows.append({"opset": opset, "ir_version": ir, "passed": ok, **outcome})
         detail = f"max |diff| {outcome['max_abs_diff']:.2g}" if outcome["ok"] else outcome["error"]
         status = "ok" if ok else "FAIL"
         print(f"onnxruntime {report['onnxruntime']}: opset {opset} IR {ir}: {status} ({detail})")
-    return 1 if failed else 0
+    passed = all(row["passed"] for row in rows)
+    if args.out is not None:
+        from partialfc.atomic import atomic_write_bytes
+
+        result = {
+            "date": datetime.date.today().isoformat(),
+            "onnxruntime": report["onnxruntime"],
+            "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__},
+            "model": config,
+            "batch": int(x.shape[0]),
+            "pytorch_output_max_abs": float(np.abs(y).max()),
+            "tolerance_max_abs_diff": TOLERANCE,
+            "passed": passed,
+            "exports": [{k: v for k, v in row.items() if k != "ok"} for row in rows],
+        }
+        atomic_write_bytes(args.out, (json.dumps(result, indent=2) + "\n").encode())
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

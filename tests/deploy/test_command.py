@@ -65,6 +65,29 @@ def test_search_enrolls_persists_and_finds_the_right_identity(checkpoint, folder
     assert "char3" not in Gallery.open(gallery_path)
 
 
+def test_search_flips_a_single_query_file(checkpoint, folder, tmp_path, capsys):
+    gallery_path = tmp_path / "g.npz"
+    assert main(["search", str(checkpoint), str(gallery_path), "--enroll", str(folder)]) == 0
+    query = folder / "char3" / "2.png"
+
+    def scores(*extra):
+        args = ["search", str(checkpoint), str(gallery_path), "--query", str(query), *extra]
+        assert main([*args, "--top-k", "8"]) == 0
+        row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        return {m["identity"]: m["score"] for m in row["matches"]}
+
+    flipped, plain = scores("--flip"), scores()
+    img = cv2.imread(str(query), cv2.IMREAD_GRAYSCALE)[None]
+    embedder = Embedder.load(checkpoint)
+    raw = embedder.embed_raw(img)[0] + embedder.embed_raw(np.ascontiguousarray(img[:, :, ::-1]))[0]
+    gallery = Gallery.open(gallery_path)
+    expected = {name: float(raw @ gallery.template(name)) / np.linalg.norm(raw) for name in plain}
+    assert flipped.keys() == expected.keys() and len(flipped) == 8
+    for name, score in flipped.items():
+        assert score == pytest.approx(expected[name], abs=1e-5), name
+    assert max(abs(flipped[n] - plain[n]) for n in plain) > 1e-3
+
+
 def test_a_packed_set_enrolls_under_its_identity_names(checkpoint, folder, tmp_path, capsys):
     rec = tmp_path / "faces.rec"
     assert main(["pack", str(folder), str(rec), "--workers", "1"]) == 0

@@ -17,9 +17,9 @@ the sidecar to its set: a re-packed set with a stale sidecar is refused by
 Image bytes are stored unchanged (each file is decoded once to check it) unless ``resize``
 is given, in which case they are re-encoded as ``resize`` x ``resize`` JPEG at ``quality``;
 non-square images are padded to a square by default (``fit="crop"``: centre-cropped,
-``fit="stretch"``: stretched, see :func:`fit_square`). Workers read and check
-images in parallel; the main process writes in order to temporary files that are renamed into
-place only when everything succeeded.
+``fit="stretch"``: stretched, see :func:`fit_square`), and the report counts them. Workers
+read and check images in parallel; the main process writes in order to temporary files that
+are renamed into place only when everything succeeded.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class PackReport:
     classes: int
     skipped: list[str]
     has_header: bool
+    non_square: int = 0  # images made square by ``fit`` (with ``resize``)
 
 
 RESIZE_FITS = ("pad", "crop", "stretch")
@@ -152,17 +153,19 @@ def fit_square(image: np.ndarray, size: int, fit: str = "pad") -> np.ndarray:
 
 def _prepare(
     path: str, resize: int | None, quality: int, fit: str = "pad", max_pixels: int | None = None
-) -> tuple[bytes | None, str]:
-    """Worker: read and check one image -> (bytes to store, error message or "")."""
+) -> tuple[bytes | None, str, bool]:
+    """Worker: read and check one image -> (bytes to store, error message or "", whether
+    ``resize`` had to make it square)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
         image = decode_image(data, path, max_pixels=max_pixels)
     except (OSError, ValueError) as err:
-        return None, f"{path}: unreadable image ({err})"
-    if resize:
-        data = encode_image(fit_square(image, resize, fit), ".jpg", quality)
-    return data, ""
+        return None, f"{path}: unreadable image ({err})", False
+    if not resize:
+        return data, "", False
+    data = encode_image(fit_square(image, resize, fit), ".jpg", quality)
+    return data, "", image.shape[0] != image.shape[1]
 
 
 def _pool(workers: int):
@@ -217,6 +220,7 @@ def pack_images(
     items = [paths[i] for i in order]
     skipped: list[str] = []
     written_labels: list[int] = []
+    non_square = 0
     first_key = 1 if header else 0
     with RecordIOWriter(rec_path) as writer:
         pool = _pool(workers)
@@ -225,7 +229,7 @@ def pack_images(
             bar = tqdm(
                 results, total=len(items), desc=f"pack {rec_path.name}", disable=not progress
             )
-            for position, (data, error) in enumerate(bar):
+            for position, (data, error, squared) in enumerate(bar):
                 if data is None:
                     if not skip_bad:
                         raise ValueError(error)
@@ -235,6 +239,7 @@ def pack_images(
                 label = int(labels[order[position]])
                 writer.write(key, pack_record(IRHeader(0, float(label), key, 0), data))
                 written_labels.append(label)
+                non_square += squared
         finally:
             if pool:
                 pool.terminate()
@@ -263,6 +268,7 @@ def pack_images(
         classes=num_classes,
         skipped=skipped,
         has_header=header,
+        non_square=non_square,
     )
 
 

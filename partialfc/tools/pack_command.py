@@ -8,6 +8,12 @@ import os
 import sys
 from pathlib import Path
 
+FIT_WORDS = {
+    "pad": "padding with black",
+    "crop": "cropping the centred square",
+    "stretch": "stretching",
+}
+
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     if command == "pack":
@@ -122,6 +128,12 @@ def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -
         max_pixels=args.max_image_pixels,
         names=names,
     )
+    resized = {"size": args.resize, "fit": args.fit, "non_square": report.non_square}
+    if report.non_square:
+        count = f"{report.non_square} non-square image" + ("s" if report.non_square > 1 else "")
+        how = FIT_WORDS[args.fit]
+        size = f"{args.resize}x{args.resize}"
+        print(f"resized {count} to {size} by {how} (--fit {args.fit})", file=sys.stderr)
     print(
         json.dumps(
             {
@@ -131,7 +143,7 @@ def _pack(args: argparse.Namespace, source: Path, aligned: dict | None = None) -
                 "rec": report.rec_path,
                 "idx": report.idx_path,
                 **({"names": str(identity_names_path(report.rec_path))} if names else {}),
-                **({"resize": {"size": args.resize, "fit": args.fit}} if args.resize else {}),
+                **({"resize": resized} if args.resize else {}),
                 **({"aligned": aligned} if aligned is not None else {}),
             }
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -240,3 +241,38 @@ def test_fit_square_pads_crops_or_stretches_a_portrait_image():
     assert (fit_square(image, 112, "stretch") == 200).all()
     with pytest.raises(ValueError, match="fit must be one of pad, crop, stretch"):
         fit_square(image, 112, "squash")
+
+
+@pytest.mark.parametrize(
+    "fit, how",
+    [
+        (None, "padding with black (--fit pad)"),
+        ("crop", "cropping the centred square (--fit crop)"),
+        ("stretch", "stretching (--fit stretch)"),
+    ],
+)
+def test_pack_resize_says_how_non_square_images_were_made_square(
+    omniglot_folder, tmp_path, capsys, fit, how
+):
+    _, images, _ = omniglot_folder
+    for c in range(2):
+        (tmp_path / "src" / f"id{c}").mkdir(parents=True)
+        for j in range(3):
+            image = images[3 * c + j]
+            image = image[:, 4:-4] if (c, j) != (0, 0) else image  # 5 are 28 high x 20 wide
+            (tmp_path / "src" / f"id{c}" / f"{j}.png").write_bytes(encode_image(image, ".png"))
+    args = ["pack", str(tmp_path / "src"), str(tmp_path / "o.rec"), "--workers", "1"]
+    args += ["--resize", "56", *(["--fit", fit] if fit else [])]
+    assert cli_main(args) == 0
+    out, err = capsys.readouterr()
+    assert f"resized 5 non-square images to 56x56 by {how}\n" in err
+    assert json.loads(out)["resize"] == {"size": 56, "fit": fit or "pad", "non_square": 5}
+    assert RecordIODataset(tmp_path / "o.rec")[5][0].shape == (3, 56, 56)
+
+
+def test_pack_resize_of_square_images_says_nothing_about_fit(omniglot_folder, tmp_path, capsys):
+    root, _, _ = omniglot_folder
+    args = ["pack", str(root), str(tmp_path / "o.rec"), "--workers", "1", "--resize", "56"]
+    assert cli_main(args) == 0
+    out, err = capsys.readouterr()
+    assert "non-square" not in err and json.loads(out)["resize"]["non_square"] == 0

@@ -18,11 +18,27 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import yaml
 
 from partialfc.ranges import Range
+
+# The values of every key with a fixed set of choices; :data:`_CHOICES` is read off these types.
+# Where the library defines the same set (head kinds, dtypes, triplet mining, optimizers,
+# precisions), tests/train/test_config.py and test_head_kinds.py check that the two agree.
+DataSource = Literal["omniglot", "recordio", "folder", "npz"]
+RotationClasses = Literal[1, 2, 4]
+HeadKind = Literal["partial_fc", "margin_softmax", "softmax", "proxy_nca", "triplet", "contrastive"]
+StorageDtype = Literal["float32", "bfloat16"]
+StorageDevice = Literal["compute", "cpu"]
+ComputeDtype = Literal["float32", "bfloat16", "float16"]
+TripletMining = Literal["semihard", "batch_hard", "all"]
+OptimizerName = Literal["sgd", "adamw"]
+ScheduleKind = Literal["poly", "step", "constant"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+Device = Literal["auto", "cpu", "cuda"]
+OnExists = Literal["error", "new", "overwrite"]
 
 
 @dataclass
@@ -50,7 +66,7 @@ class AugmentConfig:
 class DataConfig:
     """Training set. ``source`` is ``omniglot`` (bundled), ``recordio``, ``folder`` or ``npz``."""
 
-    source: str = "recordio"
+    source: DataSource = "recordio"
     path: str = ""  # .rec file, image folder or .npz, as ``source`` requires
     input_size: int = 112
     batch_size: int = 128  # per rank
@@ -62,7 +78,7 @@ class DataConfig:
     pk_images: int = 0
     # 4 = every image turned by 90°, 180° and 270° is an image of a new class (Omniglot's
     # standard class augmentation: 964 -> 3,856 classes); 2 = 180° only; 1 = off
-    rotation_classes: int = 1
+    rotation_classes: RotationClasses = 1
     # Omniglot only: background alphabets left out of training for choosing recipe levers on
     # them (eval protocol omniglot_holdout); a list of names, or N = the last N of
     # partialfc.data.omniglot_holdout.holdout_candidates(); 0 = none (docs/omniglot_recipe.md)
@@ -95,19 +111,19 @@ class HeadConfig:
     storage fields are Partial FC's; ``margin`` belongs to the two margin-softmax kinds.
     """
 
-    kind: str = "partial_fc"
+    kind: HeadKind = "partial_fc"
     num_classes: int = 0  # 0 = take it from the dataset
     sample_rate: float = 1.0
     num_subcenters: int = 1
     negative_cos_threshold: float | None = None  # PFC* filter (paper: 0.4); None = off
-    storage_dtype: str = "float32"
-    storage_device: str = "compute"  # "compute" or "cpu"
+    storage_dtype: StorageDtype = "float32"
+    storage_device: StorageDevice = "compute"
     # operand precision of the head's GEMMs (float32 accumulation; the softmax stays float32):
     # "float32", "bfloat16" or "float16" (GPU only); partial_fc and margin_softmax
-    compute_dtype: str = "float32"
+    compute_dtype: ComputeDtype = "float32"
     margin: MarginConfig = field(default_factory=MarginConfig)
     triplet_margin: float = 0.2  # kind=triplet: alpha in squared unit-sphere distance
-    triplet_mining: str = "semihard"  # kind=triplet: "semihard" | "batch_hard" | "all"
+    triplet_mining: TripletMining = "semihard"  # kind=triplet
     contrastive_margin: float = 1.0  # kind=contrastive: distance negatives must exceed
     proxy_scale: float = 1.0  # kind=proxy_nca: multiplies the squared distances
 
@@ -125,14 +141,14 @@ class LossConfig:
     classifier_weight: float = 1.0
     triplet_weight: float = 0.0  # 0 = off
     triplet_margin: float = 0.2
-    triplet_mining: str = "semihard"  # "semihard" | "batch_hard" | "all"
+    triplet_mining: TripletMining = "semihard"
 
 
 @dataclass
 class OptimConfig:
     """Optimizer of backbone and head. ``name``: ``sgd`` or ``adamw``."""
 
-    name: str = "sgd"
+    name: OptimizerName = "sgd"
     lr: float = 0.1
     head_lr: float | None = None  # None = same as lr
     momentum: float = 0.9
@@ -146,7 +162,7 @@ class OptimConfig:
 class ScheduleConfig:
     """Learning rate per step: linear warm-up, then ``poly`` decay or ``step`` drops."""
 
-    kind: str = "poly"  # "poly" | "step" | "constant"
+    kind: ScheduleKind = "poly"
     # linear warm-up: warmup_epochs, or (when that is 0) warmup_fraction of all training steps;
     # a fraction follows train.epochs, so short trial runs keep the same shape
     warmup_epochs: float = 0.0
@@ -162,8 +178,8 @@ class TrainConfig:
 
     epochs: float = 20.0
     seed: int = 0
-    precision: str = "auto"  # "auto" (fp16 on GPU, fp32 on CPU), "fp32", "bf16", "fp16"
-    device: str = "auto"  # "auto", "cpu" or "cuda"
+    precision: Precision = "auto"  # "auto" = fp16 on GPU, fp32 on CPU
+    device: Device = "auto"
     max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
     log_every: int = 50
     diagnostics_every: int = 200  # APCS / AMNCS / MICS; 0 = off
@@ -211,7 +227,7 @@ class RunConfig:
     name: str = "run"  # the run folder is output_dir/name
     # when output_dir/name already holds a run: "error", "new" (name-2, name-3, ...) or
     # "overwrite"; --resume continues it (partialfc.train.run_folder)
-    on_exists: str = "error"
+    on_exists: OnExists = "error"
     progress: bool = True
     tensorboard: bool = False
     # MLflow (pip install 'partialfc[mlflow]'): the same scalars as metrics.jsonl, config as params
@@ -268,6 +284,8 @@ def _coerce(value: Any, tp, where: str):
             except ConfigError:
                 continue
         raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:  # a value of the choices' type; validate() checks the choice
+        return _coerce(value, type(typing.get_args(inner)[0]), where)
     if inner is bool:
         if isinstance(value, bool):
             return value
@@ -399,28 +417,18 @@ def read_config_file(path: str | Path) -> dict:
     return data
 
 
-_CHOICES = {
-    "schedule.kind": ("poly", "step", "constant"),
-    "optim.name": ("sgd", "adamw"),
-    "train.precision": ("auto", "fp32", "bf16", "fp16"),
-    "train.device": ("auto", "cpu", "cuda"),
-    "data.source": ("omniglot", "recordio", "folder", "npz"),
-    "head.storage_dtype": ("float32", "bfloat16"),  # what PartialFC stores (SUPPORTED_DTYPES)
-    "head.storage_device": ("compute", "cpu"),
-    "run.on_exists": ("error", "new", "overwrite"),
-    "head.compute_dtype": ("float32", "bfloat16", "float16"),  # gemm_precision.COMPUTE_DTYPES
-    "loss.triplet_mining": ("semihard", "batch_hard", "all"),
-    "head.kind": (
-        "partial_fc",
-        "margin_softmax",
-        "softmax",
-        "proxy_nca",
-        "triplet",
-        "contrastive",
-    ),
-    "head.triplet_mining": ("semihard", "batch_hard", "all"),
-    "data.rotation_classes": (1, 2, 4),
-}
+def _literal_choices(cls, prefix: str = "") -> dict[str, tuple]:
+    """``{"data.source": ("omniglot", ...), ...}``: the values of every ``Literal`` field."""
+    choices = {}
+    for name, tp in _hints(cls).items():
+        if dataclasses.is_dataclass(tp):
+            choices.update(_literal_choices(tp, f"{prefix}{name}."))
+        elif typing.get_origin(tp) is Literal:
+            choices[prefix + name] = typing.get_args(tp)
+    return choices
+
+
+_CHOICES = _literal_choices(Config)
 
 
 def allowed_values(dotted: str) -> tuple:

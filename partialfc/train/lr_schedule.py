@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import get_args
+
+from partialfc.train.config import ScheduleKind
+
+KINDS = get_args(ScheduleKind)
 
 
 def warmup_steps(
@@ -37,15 +42,15 @@ class WarmupLR:
 
     def __init__(
         self,
-        kind: str,
+        kind: ScheduleKind,
         total_steps: int,
         warmup_steps: int = 0,
         power: float = 2.0,
         milestone_steps: list[int] | None = None,
         gamma: float = 0.1,
     ):
-        if kind not in ("poly", "step", "constant"):
-            raise ValueError(f"kind={kind!r}: choose poly, step or constant")
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}: choose one of {', '.join(KINDS)}")
         if total_steps < 1:
             raise ValueError(f"total_steps={total_steps} must be >= 1")
         if not 0 <= warmup_steps < total_steps:

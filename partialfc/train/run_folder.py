@@ -18,12 +18,14 @@ cleared and two processes never train into it together.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 from partialfc.train import checkpoint as ckpt
+from partialfc.train.config import OnExists
 
 LOCK_FILE = ".lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "report", "eval", "tensorboard")
-ON_EXISTS = ("error", "new", "overwrite")
+ON_EXISTS = get_args(OnExists)
 
 
 class RunFolderExistsError(ValueError):

@@ -174,3 +174,33 @@ def test_head_compute_dtype_is_checked_and_built():
     cfg = load_config(CONFIGS[0], ["head.compute_dtype=float16", "head.kind=margin_softmax"])
     with pytest.raises(ValueError, match=r"head\.compute_dtype='float16' needs a GPU"):
         build_head(cfg.head, 16, 20, seed=0, device=torch.device("cpu"))
+
+
+def test_a_choice_of_the_wrong_type_names_the_type():
+    with pytest.raises(ConfigError, match=r"data\.source: expected str, got 5"):
+        load_config(None, ["data.source=5"])
+    with pytest.raises(ConfigError, match=r"data\.rotation_classes: expected int, got True"):
+        load_config(None, ["data.source=omniglot", "data.rotation_classes=true"])
+    with pytest.raises(ConfigError, match=r"data\.rotation_classes=3: choose one of 1, 2, 4"):
+        load_config(None, ["data.source=omniglot", "data.rotation_classes=3"])
+
+
+def test_the_config_offers_exactly_the_choices_the_library_takes():
+    """Head kinds and storage dtypes: tests/train/test_head_kinds.py."""
+    from typing import get_args, get_type_hints
+
+    import torch
+
+    from partialfc.losses.contract import OptimizerSettings
+    from partialfc.losses.gemm_precision import COMPUTE_DTYPES
+    from partialfc.losses.triplet import Mining
+    from partialfc.train.config import allowed_values
+    from partialfc.train.engine import resolve_precision
+
+    assert allowed_values("head.compute_dtype") == tuple(COMPUTE_DTYPES)
+    assert sorted(allowed_values("head.triplet_mining")) == sorted(get_args(Mining))
+    assert allowed_values("loss.triplet_mining") == allowed_values("head.triplet_mining")
+    optimizers = get_args(get_type_hints(OptimizerSettings)["name"])
+    assert allowed_values("optim.name") == optimizers
+    for precision in allowed_values("train.precision"):
+        resolve_precision(precision, torch.device("cuda"))  # KeyError for one it does not know

@@ -103,6 +103,25 @@ def test_metrics_have_each_step_once_after_a_resume(tmp_path):
     assert _records(run_dir) == before
 
 
+def test_a_checkpoint_of_the_test_backbone_reloads_by_name(tmp_path):
+    """TINY_MODEL_CONFIG names a registered model; importing the helpers again is no error."""
+    import importlib
+
+    import torch
+
+    import tests.train.helpers as helpers
+    from partialfc.backbone.io import load_backbone_from_checkpoint
+
+    trainer = _trainer(tiny_config(tmp_path, "data.batch_size=20", "train.epochs=0.1"))
+    run_dir = trainer.fit().run_dir
+    importlib.reload(helpers)
+    loaded, model_config = load_backbone_from_checkpoint(run_dir)
+    assert model_config == TINY_MODEL_CONFIG
+    images = torch.rand(3, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(loaded(images), trainer.backbone.eval()(images))
+
+
 def cfg_overrides(cfg):
     return (
         f"data.batch_size={cfg.data.batch_size}",

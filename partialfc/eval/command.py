@@ -8,6 +8,8 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    from .protocols.registry import OMNIGLOT_SIZE
+
     parser.add_argument("model", help="checkpoint or exported model (loaded with Embedder.load)")
     parser.add_argument("--out", required=True, help="output folder for the report")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -41,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--omniglot-size",
         type=int,
-        default=28,
-        help="side of the Omniglot images in pixels (28 = the bundled copy; other sizes are "
-        "resized from the 105x105 originals); default: 28",
+        default=None,
+        help=f"side of the Omniglot images in pixels ({OMNIGLOT_SIZE} = the bundled copy; other "
+        f"sizes are resized from the 105x105 originals); default: {OMNIGLOT_SIZE}",
     )
     parser.add_argument(
         "--orl",

@@ -1,6 +1,7 @@
 """One protocol table for ``partialfc eval`` and the training config: same names, same defaults."""
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -93,6 +94,15 @@ def test_the_table_defaults_are_what_the_protocols_get():
     assert {p.batch_size for p in by_name.values()} == {256}
     assert build_protocol("omniglot_open_set", flip=True, batch_size=7, size=56).size == 56
     assert build_protocol("lfw_dev", size=56).batch_size == 256  # size: only sized protocols
+
+
+def test_the_command_takes_the_omniglot_size_from_the_table(monkeypatch):
+    kind = PROTOCOLS["omniglot_open_set"]
+    monkeypatch.setitem(PROTOCOLS, kind.name, dataclasses.replace(kind, size=56))
+    (protocol,) = build_protocols(_cli(["model", "--out", "report", "--omniglot"]))
+    assert protocol.size == 56
+    args = _cli(["model", "--out", "report", "--omniglot", "--omniglot-size", "105"])
+    assert build_protocols(args)[0].size == 105
 
 
 @pytest.mark.parametrize(

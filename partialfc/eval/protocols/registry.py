@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from .base import Protocol
 
 DEFAULT_BATCH_SIZE = 256  # images per call of the embed function, for every protocol
+OMNIGLOT_SIZE = 28  # the side of the bundled Omniglot copy
 
 
 @dataclass(frozen=True)
@@ -121,10 +122,19 @@ def _ijb(name):
 PROTOCOLS: dict[str, ProtocolKind] = {
     kind.name: kind
     for kind in (
-        ProtocolKind("omniglot_open_set", "", False, 28, _omniglot_open_set, "Omniglot, all pairs"),
-        ProtocolKind("omniglot_one_shot", "", False, 28, _omniglot_one_shot, "Lake's one-shot"),
         ProtocolKind(
-            "omniglot_holdout", "[N_OR_NAMES]", False, 28, _omniglot_holdout, "held-out alphabets"
+            "omniglot_open_set", "", False, OMNIGLOT_SIZE, _omniglot_open_set, "Omniglot, all pairs"
+        ),
+        ProtocolKind(
+            "omniglot_one_shot", "", False, OMNIGLOT_SIZE, _omniglot_one_shot, "Lake's one-shot"
+        ),
+        ProtocolKind(
+            "omniglot_holdout",
+            "[N_OR_NAMES]",
+            False,
+            OMNIGLOT_SIZE,
+            _omniglot_holdout,
+            "held-out alphabets",
         ),
         ProtocolKind("orl", "[ROOT]", True, None, _orl, "ORL faces"),
         ProtocolKind("lfw_dev", "", True, None, _lfw_dev, "LFW development pairs"),

@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from partialfc.atomic import atomic_output, atomic_write_bytes
+
+if TYPE_CHECKING:
+    from partialfc.backbone.spec import PreprocessingSpec
 
 WEIGHTS_FILENAME = "backbone.safetensors"
 MODEL_CONFIG_FILENAME = "model.json"
@@ -44,6 +48,7 @@ __all__ = [
     "newest_checkpoint",
     "read_model_config",
     "save_backbone",
+    "save_weights",
 ]
 
 
@@ -54,14 +59,25 @@ def build_backbone_from_model_config(model_config: dict) -> nn.Module:
     return build_model(model_config["name"], **model_config["kwargs"])
 
 
-def save_backbone(backbone: nn.Module, model_config: dict, directory: Path) -> None:
-    """``backbone.safetensors`` + ``model.json`` in ``directory`` (each atomically)."""
+def save_weights(model: nn.Module, path: Path, spec: PreprocessingSpec | None = None) -> None:
+    """``model``'s state dict to the safetensors file ``path`` (atomic). With a ``spec`` (an
+    export), the spec JSON and the weights' SHA-256 go into the file's metadata."""
     from safetensors.torch import save_file
 
+    from partialfc.backbone.fingerprint import MODEL_HASH_KEY, state_sha256
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = None
+    if spec is not None:
+        metadata = {METADATA_KEY: spec.to_json(), MODEL_HASH_KEY: state_sha256(state)}
+    with atomic_output(path) as tmp:
+        save_file(state, str(tmp), metadata=metadata)
+
+
+def save_backbone(backbone: nn.Module, model_config: dict, directory: Path) -> None:
+    """``backbone.safetensors`` + ``model.json`` in ``directory`` (each atomically)."""
     directory = Path(directory)
-    state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
-    with atomic_output(directory / WEIGHTS_FILENAME) as tmp:
-        save_file(state, str(tmp))
+    save_weights(backbone, directory / WEIGHTS_FILENAME)
     atomic_write_bytes(
         directory / MODEL_CONFIG_FILENAME, json.dumps(model_config, indent=2).encode()
     )

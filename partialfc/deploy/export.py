@@ -31,7 +31,7 @@ from torch import nn
 
 from partialfc.atomic import atomic_output
 from partialfc.backbone.fingerprint import MODEL_HASH_KEY, state_sha256
-from partialfc.backbone.io import METADATA_KEY, ONNX_FILENAME, WEIGHTS_FILENAME
+from partialfc.backbone.io import METADATA_KEY, ONNX_FILENAME, WEIGHTS_FILENAME, save_weights
 from partialfc.backbone.spec import SPEC_FILENAME, PreprocessingSpec
 
 INPUT_NAME, OUTPUT_NAME = "images", "embeddings"
@@ -55,17 +55,6 @@ class ExportResult:
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-
-
-def save_weights(model: nn.Module, spec: PreprocessingSpec, path: Path) -> None:
-    """State dict to safetensors (atomic), with the spec JSON and the weights' SHA-256 in the
-    file's metadata."""
-    from safetensors.torch import save_file
-
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    metadata = {METADATA_KEY: spec.to_json(), MODEL_HASH_KEY: state_sha256(state)}
-    with atomic_output(path) as tmp:
-        save_file(state, str(tmp), metadata=metadata)
 
 
 # The newest ONNX IR version each onnxruntime release loads (onnxruntime's compatibility
@@ -190,7 +179,7 @@ def export_backbone(
 
     weights_path, onnx_path = out_dir / WEIGHTS_FILENAME, out_dir / ONNX_FILENAME
     spec_path = out_dir / SPEC_FILENAME
-    save_weights(model, spec, weights_path)
+    save_weights(model, weights_path, spec)
     save_onnx(model, spec, onnx_path, opset)
     spec.save(spec_path)
     diff = scale = None

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from partialfc.backbone.embedding import l2_normalize
 from partialfc.deploy.verify import check_finite_rows
 from partialfc.ranges import Range, check_options
 
@@ -182,12 +183,6 @@ def _embed_labelled(embedder, path, args, desc: str):
     return raw, np.asarray(dataset.labels), names, list(_sources(dataset, path))
 
 
-def _normalize(x: np.ndarray) -> np.ndarray:
-    from partialfc.backbone.embedding import l2_normalize
-
-    return l2_normalize(x)
-
-
 def _atomic_savez(path: Path, **arrays) -> None:
     from partialfc.atomic import atomic_write_bytes
 
@@ -251,7 +246,7 @@ def _embed(args) -> int:
         labels, provenance = dataset.labels, {"sources": _sources(dataset, args.input)}
     _atomic_savez(
         Path(args.out),
-        embeddings=_normalize(raw).astype(np.float32),
+        embeddings=l2_normalize(raw).astype(np.float32),
         norms=np.linalg.norm(raw, axis=1).astype(np.float32),
         labels=np.asarray(labels, dtype=np.int64),
         identity_names=np.asarray(names, dtype=str),
@@ -287,7 +282,11 @@ def _threshold(args, embedder):
         return load_threshold_for(args, embedder)
     raw, labels, _, _ = _embed_labelled(embedder, args.calibrate, args, "calibrate")
     t = calibrate(
-        _normalize(raw), labels, args.far, source=args.calibrate, model_sha256=embedder.model_sha256
+        l2_normalize(raw),
+        labels,
+        args.far,
+        source=args.calibrate,
+        model_sha256=embedder.model_sha256,
     )
     low, high = t.far_interval_95
     print(

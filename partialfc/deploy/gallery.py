@@ -36,6 +36,7 @@ import faiss
 import numpy as np
 
 from partialfc.atomic import atomic_write_bytes
+from partialfc.backbone.embedding import l2_normalize
 
 GALLERY_FORMAT = "partialfc.gallery"
 GALLERY_VERSION = 2
@@ -52,12 +53,6 @@ class SearchResult:
 
     identities: list[list[str | None]]
     scores: np.ndarray  # (m, k) float32 cosine, -inf where no match
-
-
-def _normalize(x: np.ndarray) -> np.ndarray:
-    from partialfc.backbone.embedding import l2_normalize
-
-    return l2_normalize(x)
 
 
 def _digest(ids: np.ndarray, sums: np.ndarray, counts: np.ndarray, meta: dict | None) -> str:
@@ -109,7 +104,7 @@ class Gallery:
 
     def template(self, identity: str) -> np.ndarray:
         """The normalised template ``(d,)`` of ``identity``."""
-        return _normalize(self._sums[self._require(identity)])
+        return l2_normalize(self._sums[self._require(identity)])
 
     def _require(self, identity: str) -> str:
         if identity not in self._names:
@@ -142,7 +137,7 @@ class Gallery:
         self._add_to_index(identity)
 
     def _add_to_index(self, identity: str) -> None:
-        vec = _normalize(self._sums[identity])[None]
+        vec = l2_normalize(self._sums[identity])[None]
         self._index.add_with_ids(vec, np.array([self._names[identity]], dtype=np.int64))
 
     def remove(self, identity: str) -> None:
@@ -166,7 +161,7 @@ class Gallery:
         k = min(int(k), len(self))
         if k == 0:
             return SearchResult([[] for _ in range(len(q))], np.zeros((len(q), 0), np.float32))
-        scores, ids = self._index.search(np.ascontiguousarray(_normalize(q)), k)
+        scores, ids = self._index.search(np.ascontiguousarray(l2_normalize(q)), k)
         by_id = {v: n for n, v in self._names.items()}
         names = [[by_id.get(int(i)) if i >= 0 else None for i in row] for row in ids]
         scores = np.where(ids >= 0, scores, -np.inf).astype(np.float32)
@@ -232,7 +227,7 @@ class Gallery:
             gallery._sums[name] = total.copy()
             gallery._counts[name] = int(c)
         if names:
-            gallery._index.add_with_ids(_normalize(sums), ids)
+            gallery._index.add_with_ids(l2_normalize(sums), ids)
         return gallery
 
 

@@ -1,4 +1,4 @@
-"""Pieces shared by every backbone: input-size handling and the embedding head.
+"""Pieces shared by every backbone: input-size handling and the embedding layer.
 
 Every backbone maps ``(B, in_channels, H, W)`` float images to ``(B, embedding_dim)``
 *unnormalised* embeddings; heads L2-normalise them (docs/architecture.md).

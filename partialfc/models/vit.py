@@ -1,11 +1,11 @@
-"""Vision Transformers for faces: ViT-T/S/B with a patch embedding and a flattening head.
+"""Vision Transformers for faces, ViT-T/S/B: a patch embedding and a flattening embedding layer.
 
 ``patch conv (kernel = stride = p) → + learned position embedding → L × [pre-LN MHSA, pre-LN
 MLP(4×, GELU)] with stochastic depth → LN → Flatten(all tokens) → Dropout → FC → BN``.
 
-There is no class token: as in the IResNet head, the FC sees every token, so the spatial
-layout of an aligned face is kept. The patch size defaults to ``min(H, W) // 12`` (9 at 112,
-8 at 96, 2 at 28): a 12×12 token grid at 96 and 112, 14×14 at 28.
+There is no class token: as in the IResNet embedding layer, the FC sees every token, so the
+spatial layout of an aligned face is kept. The patch size defaults to ``min(H, W) // 12`` (9 at
+112, 8 at 96, 2 at 28): a 12×12 token grid at 96 and 112, 14×14 at 28.
 
 Widths / depths / heads: T 192/12/3, S 384/12/6, B 768/12/12 (the DeiT sizes).
 """

@@ -274,8 +274,9 @@ def _use_cuda(device: str) -> bool:
 
 
 def _clean_and_retrain(run, cfg, training_set, run_dir, tiny, device) -> dict:
-    """Seed 003 recipe: train K sub-centers, drop samples > threshold from the dominant
-    sub-center, retrain from scratch with K = 1 on what is left."""
+    """Sub-center ArcFace cleaning (Deng et al., ArcFace, TPAMI 2022): train K sub-centers, drop
+    samples > threshold from the dominant sub-center, retrain from scratch with K = 1 on what is
+    left."""
     from partialfc.tools.cleaning import clean_checkpoint
 
     first = _train_and_eval(cfg, training_set, run_dir / "subcenter", "engine", tiny)

@@ -1,10 +1,11 @@
 """A persistent 1:N gallery of identity templates, searched exactly with faiss.
 
-A template is the mean of an identity's *unnormalised* embeddings, then L2-normalised (seed
-001 ch. 6: the norm carries quality, so the sum is a quality-weighted average). The gallery
-keeps each identity's running sum and count, so enrolling more images later gives the same
-template as enrolling them all at once. Search is exact inner product on the normalised
-templates (``faiss.IndexIDMap(IndexFlatIP)``), i.e. cosine similarity.
+A template is the mean of an identity's *unnormalised* embeddings, then L2-normalised: the norm
+grows with image quality (Ranjan et al., arXiv 1703.09507; MagFace, Meng et al., CVPR 2021), so
+the sum is a quality-weighted average. The gallery keeps each identity's running sum and count,
+so enrolling more images later gives the same template as enrolling them all at once. Search is
+exact inner product on the normalised templates (``faiss.IndexIDMap(IndexFlatIP)``), i.e. cosine
+similarity.
 
 File format (one ``.npz``, written atomically, read with ``allow_pickle=False``)::
 

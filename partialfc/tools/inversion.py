@@ -74,7 +74,7 @@ class ClassCenterTarget:
 
 @dataclass(frozen=True)
 class InversionConfig:
-    steps: int = 2000  # the seed runs 20K
+    steps: int = 2000  # ArcFace (Deng et al., TPAMI 2022) runs 20K
     lr: float = 0.25
     bn_weight: float = 0.05
     tv_weight: float = 1e-3

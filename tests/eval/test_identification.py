@@ -1,4 +1,4 @@
-"""CMC (seed worked example), open-set FNIR@FPIR, faiss search vs brute force."""
+"""CMC (a worked example), open-set FNIR@FPIR, faiss search vs brute force."""
 
 import numpy as np
 import pytest
@@ -13,11 +13,10 @@ from partialfc.eval.identification import (
 )
 from partialfc.eval.search import ExactSearch, HNSWSearch, IVFSearch
 
-# Seed 001, ch. 6, "A CMC curve, also by hand": ten probes against a gallery of five
-# identities. The per-probe rank table did not survive text extraction; these ranks give the
-# curve the text describes (rank-1 at 0.70, reaching 1.0 within the five identities).
-SEED_RANKS = [1, 1, 1, 2, 1, 3, 1, 1, 5, 1]
-SEED_CMC = [0.7, 0.8, 0.9, 0.9, 1.0]
+# A CMC curve by hand: ten probes against a gallery of five identities, with ranks that give
+# rank-1 0.70 and reach 1.0 within the five identities.
+WORKED_RANKS = [1, 1, 1, 2, 1, 3, 1, 1, 5, 1]
+WORKED_CMC = [0.7, 0.8, 0.9, 0.9, 1.0]
 
 
 def _similarity_with_ranks(ranks, n_ids=5, seed=0):
@@ -33,11 +32,11 @@ def _similarity_with_ranks(ranks, n_ids=5, seed=0):
     return sim, labels
 
 
-def test_seed_cmc_counts_by_hand():
-    curve = cmc_from_ranks(SEED_RANKS, max_rank=5)
+def test_worked_cmc_counts_by_hand():
+    curve = cmc_from_ranks(WORKED_RANKS, max_rank=5)
     assert curve.hits.tolist() == [7, 8, 9, 9, 10]
-    np.testing.assert_allclose(curve.rates, SEED_CMC)
-    sim, labels = _similarity_with_ranks(SEED_RANKS)
+    np.testing.assert_allclose(curve.rates, WORKED_CMC)
+    sim, labels = _similarity_with_ranks(WORKED_RANKS)
     from_scores = cmc(sim, labels, np.arange(5), max_rank=5)
     assert from_scores.hits.tolist() == [7, 8, 9, 9, 10]
     assert curve.rank(1).k == 7 and curve.rank(1).n == 10
@@ -115,7 +114,7 @@ def test_cmc_fields_default_depth_and_not_found_by_hand():
     curve = cmc_from_ranks([0, 1, 3, 25])
     assert curve.ranks.tolist() == list(range(1, 21))
     assert curve.hits.tolist() == [1, 1] + [2] * 18 and curve.n_probes == 4
-    sim, labels = _similarity_with_ranks(SEED_RANKS)
+    sim, labels = _similarity_with_ranks(WORKED_RANKS)
     assert cmc(sim, labels, np.arange(5)).ranks.tolist() == list(range(1, 21))
     # the same ranks as floats (e.g. read back from JSON) or as a column
     for ranks in ([0.0, 1.0, 3.0, 25.0], np.array([[0], [1], [3], [25]])):

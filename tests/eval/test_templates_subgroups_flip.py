@@ -1,4 +1,5 @@
-"""Templates, media pooling, the flip test, and the seed's Gaussian demographic example."""
+"""Templates, media pooling, the flip test, and a worked Gaussian example of a demographic
+false-match differential."""
 
 import numpy as np
 import pytest
@@ -59,20 +60,21 @@ def test_resize_to_model_input_size():
     assert shapes == [(1, 5, 6, 3)]
 
 
-# Seed 001, ch. 6: impostor scores N(0, 0.05) for group B and N(0.05, 0.05) for group A,
-# shared threshold t = 0.25.
+# A worked example of the differentials NIST measured (FRVT Part 3, Grother et al., NISTIR 8280,
+# 2019): impostor scores N(0, 0.05) for group B and N(0.05, 0.05) for group A, one shared
+# threshold t = 0.25.
 SIGMA, MEAN_A, MEAN_B, T = 0.05, 0.05, 0.0, 0.25
 
 
-def test_seed_gaussian_demographic_analytic():
+def test_gaussian_demographic_analytic():
     fmr_a = norm.sf(T, MEAN_A, SIGMA)  # Q(4)
     fmr_b = norm.sf(T, MEAN_B, SIGMA)  # Q(5)
     assert fmr_a == pytest.approx(3.167e-5, rel=1e-3)
     assert fmr_b == pytest.approx(2.867e-7, rel=1e-3)
-    assert 100 < fmr_a / fmr_b < 120  # "a hundredfold difference"
+    assert 100 < fmr_a / fmr_b < 120  # a hundredfold difference from a one-sigma shift
 
 
-def test_seed_gaussian_demographic_sampled_at_shared_threshold():
+def test_gaussian_demographic_sampled_at_shared_threshold():
     rng = np.random.default_rng(6)
     n_a, n_b = 2_000_000, 20_000_000
     z = rng.standard_normal(n_a + n_b, dtype=np.float32)

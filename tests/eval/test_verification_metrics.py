@@ -1,4 +1,4 @@
-"""ROC / EER / TAR@FAR / accuracy: the seed's hand-worked ROC, scikit-learn cross-checks."""
+"""ROC / EER / TAR@FAR / accuracy: a hand-worked ROC, scikit-learn cross-checks."""
 
 import json
 
@@ -20,16 +20,15 @@ from partialfc.eval import (
     tar_at_zero_far,
 )
 
-# Seed 001, ch. 6, "A ROC computed entirely by hand": twenty pairs, ten genuine, ten impostor.
-# The score table itself did not survive text extraction; these scores satisfy every fact the
-# text states: best impostor 0.52, eighth-best genuine 0.55, exactly two impostors and two
-# genuines on the wrong side of t = 0.45.
-SEED_GENUINE = [0.91, 0.85, 0.80, 0.77, 0.72, 0.68, 0.61, 0.55, 0.38, 0.30]
-SEED_IMPOSTOR = [0.52, 0.45, 0.39, 0.33, 0.27, 0.21, 0.15, 0.10, 0.04, -0.02]
+# A ROC by hand: twenty pairs, ten genuine, ten impostor; the best impostor scores 0.52, the
+# eighth-best genuine 0.55, and exactly two impostors and two genuines are on the wrong side of
+# t = 0.45.
+WORKED_GENUINE = [0.91, 0.85, 0.80, 0.77, 0.72, 0.68, 0.61, 0.55, 0.38, 0.30]
+WORKED_IMPOSTOR = [0.52, 0.45, 0.39, 0.33, 0.27, 0.21, 0.15, 0.10, 0.04, -0.02]
 
 
-def test_seed_roc_tar_at_zero_far_is_080_at_055():
-    r = tar_at_zero_far(SEED_GENUINE, SEED_IMPOSTOR)
+def test_worked_roc_tar_at_zero_far_is_080_at_055():
+    r = tar_at_zero_far(WORKED_GENUINE, WORKED_IMPOSTOR)
     assert r.tar.rate == pytest.approx(0.80) and (r.tar.k, r.tar.n) == (8, 10)
     assert r.threshold == pytest.approx(0.55)
     assert (r.far.k, r.far.n) == (0, 10)
@@ -37,15 +36,15 @@ def test_seed_roc_tar_at_zero_far_is_080_at_055():
     assert r.far.upper == pytest.approx(1 - 0.025**0.1)
 
 
-def test_seed_roc_eer_is_20_percent_at_045():
-    e = equal_error_rate(SEED_GENUINE, SEED_IMPOSTOR)
+def test_worked_roc_eer_is_20_percent_at_045():
+    e = equal_error_rate(WORKED_GENUINE, WORKED_IMPOSTOR)
     assert e.eer == pytest.approx(0.20)
     assert e.threshold == pytest.approx(0.45)
     assert (e.false_accepts, e.false_rejects) == (2, 2)
 
 
-def test_seed_roc_accuracy_16_of_20_at_045_and_best_is_higher():
-    scores = SEED_GENUINE + SEED_IMPOSTOR
+def test_worked_roc_accuracy_16_of_20_at_045_and_best_is_higher():
+    scores = WORKED_GENUINE + WORKED_IMPOSTOR
     same = [True] * 10 + [False] * 10
     a = accuracy_at_threshold(scores, same, 0.45)
     assert (a.accuracy.k, a.accuracy.n) == (16, 20)
@@ -56,8 +55,8 @@ def test_seed_roc_accuracy_16_of_20_at_045_and_best_is_higher():
     assert accuracy_at_threshold(scores, same, t).accuracy.k == 18
 
 
-def test_seed_roc_points_by_hand():
-    roc = roc_curve(SEED_GENUINE, SEED_IMPOSTOR)
+def test_worked_roc_points_by_hand():
+    roc = roc_curve(WORKED_GENUINE, WORKED_IMPOSTOR)
     i = int(np.flatnonzero(roc.thresholds == 0.52)[0])
     assert (roc.true_accepts[i], roc.false_accepts[i]) == (8, 1)
     # AUC = P(gen > imp), counted by hand: genuine 0.38 loses to 0.52, 0.45, 0.39 (3) and

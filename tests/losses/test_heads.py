@@ -142,8 +142,9 @@ def test_fused_loss_rejects_missing_target():
 # ---------------------------------------------------------------- the head
 
 
-def _seed_sample_head(margin):
-    """Seed 001 ch. 4: one sample at 60 / 75 / 110 deg from three unit centers."""
+def _worked_example_head(margin):
+    """The worked example of test_margins.py: one sample at 60 / 75 / 110 deg from three unit
+    centers."""
     head = MarginSoftmaxHead(3, 4, margin).double()
     angles = [math.radians(a) for a in (60.0, 75.0, 110.0)]
     with torch.no_grad():
@@ -154,14 +155,14 @@ def _seed_sample_head(margin):
     return head, torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64), torch.tensor([0])
 
 
-def test_head_reproduces_seed_sample():
-    head, x, y = _seed_sample_head(NormFaceMargin(64.0))
+def test_head_reproduces_the_worked_example():
+    head, x, y = _worked_example_head(NormFaceMargin(64.0))
     assert head.logits(x, y)[0].tolist() == pytest.approx([32.000, 16.564, -21.889], abs=5e-4)
     assert head(x, y).item() == pytest.approx(1.979e-7, rel=2e-3)
-    head, x, y = _seed_sample_head(CosFaceMargin(0.35, 64.0))
+    head, x, y = _worked_example_head(CosFaceMargin(0.35, 64.0))
     assert head.logits(x, y)[0, 0].item() == pytest.approx(9.600, abs=1e-9)
     assert head(x, y).item() == pytest.approx(-math.log(9.449e-4 / (1 + 9.449e-4)), rel=1e-3)
-    head, x, y = _seed_sample_head(ArcFaceMargin(math.radians(28.65), 64.0))
+    head, x, y = _worked_example_head(ArcFaceMargin(math.radians(28.65), 64.0))
     assert head.logits(x, y)[0, 0].item() == pytest.approx(1.508, abs=5e-4)
 
 

@@ -18,7 +18,9 @@ from partialfc.losses.margins import (
     SphereFaceMargin,
 )
 
-# Seed 001 ch. 4: one sample, three classes, s = 64. Target at 60 deg, impostors at 75 and 110 deg.
+# A worked example of the margins of NormFace (Wang et al., ACM MM 2017), CosFace (Wang et al.,
+# CVPR 2018) and ArcFace (Deng et al., CVPR 2019): one sample, three classes, s = 64. Target at
+# 60 deg, impostors at 75 and 110 deg.
 SAMPLE_COS = [0.5, math.cos(math.radians(75.0)), math.cos(math.radians(110.0))]
 
 
@@ -26,7 +28,7 @@ def _sample(dtype=torch.float64):
     return torch.tensor([SAMPLE_COS], dtype=dtype), torch.tensor([0])
 
 
-def test_normface_logits_and_loss_match_seed():
+def test_normface_logits_and_loss_match_the_worked_example():
     cos, target = _sample()
     logits = NormFaceMargin(scale=64.0)(cos, target)
     assert logits[0].tolist() == pytest.approx([32.000, 16.564, -21.889], abs=5e-4)
@@ -47,10 +49,11 @@ def test_arcface_target_logit_is_1_508():
     cos, target = _sample()
     logits = ArcFaceMargin(margin_rad=0.5, scale=64.0)(cos, target)
     assert logits[0, 0].item() == pytest.approx(64 * math.cos(math.pi / 3 + 0.5), abs=1e-9)
-    # The seed rounds 0.5 rad to 28.65 deg: 60 + 28.65 = 88.65 deg, cos = 0.023562, 64x = 1.508.
+    # The worked example rounds 0.5 rad to 28.65 deg: 60 + 28.65 = 88.65 deg, cos = 0.023562,
+    # 64x = 1.508.
     assert logits[0, 0].item() == pytest.approx(1.508, abs=3e-3)
-    seed_margin = ArcFaceMargin(margin_rad=math.radians(28.65), scale=64.0)
-    logits = seed_margin(cos, target)
+    rounded_margin = ArcFaceMargin(margin_rad=math.radians(28.65), scale=64.0)
+    logits = rounded_margin(cos, target)
     assert logits[0, 0].item() == pytest.approx(1.508, abs=5e-4)
     assert logits[0, 1:].tolist() == pytest.approx([16.564, -21.889], abs=5e-4)
     p_target = torch.softmax(logits, dim=1)[0, 0].item()
@@ -279,7 +282,7 @@ def _angle_where_target_logit_equals(margin, value):
 
 
 def test_required_travel_cosface_7_5_deg_arcface_13_65_deg():
-    """Seed 001 ch. 4: from 60 deg, with the impostor fixed at 75 deg."""
+    """The worked example: from 60 deg, with the impostor fixed at 75 deg."""
     impostor = math.cos(math.radians(75.0))
     cosface = _angle_where_target_logit_equals(CosFaceMargin(0.35), impostor)
     arcface = _angle_where_target_logit_equals(ArcFaceMargin(0.5), impostor)

@@ -1,5 +1,5 @@
-"""Triplet loss: a hand-worked triplet, brute-force references for every mining mode,
-the semi-hard band, chunking, float64 gradcheck and bad input."""
+"""Triplet loss (FaceNet, Schroff et al., CVPR 2015): a hand-worked triplet, brute-force
+references for every mining mode, the semi-hard band, chunking, float64 gradcheck and bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from partialfc.losses.triplet import TripletLoss, squared_distances
 A, P, N2 = (0.6, 0.8), (0.8, 0.6), (0.28, 0.96)  # worked by hand; n2 sits 20.61 deg from a
 
 
-def test_seed_worked_triplet_distances_and_angle():
+def test_worked_triplet_distances_and_angle():
     x = torch.tensor([A, P, N2], dtype=torch.float64)
     d = squared_distances(x)
     assert d[0, 1].item() == pytest.approx(0.08, abs=1e-12)
@@ -25,7 +25,7 @@ def test_seed_worked_triplet_distances_and_angle():
 
 
 @pytest.mark.parametrize("mining", ["all", "semihard", "batch_hard"])
-def test_seed_worked_triplet_loss_and_one_step(mining):
+def test_worked_triplet_loss_and_one_step(mining):
     labels = torch.tensor([0, 0, 1])
     loss_fn = TripletLoss(margin=0.2, mining=mining)
     x = torch.tensor([A, P, N2], dtype=torch.float64)
@@ -33,7 +33,7 @@ def test_seed_worked_triplet_loss_and_one_step(mining):
     assert loss_fn(x, labels).item() == pytest.approx(0.152, abs=1e-12)
     assert loss_fn.last_stats.num_triplets == 2 and loss_fn.last_stats.num_active == 1
     assert loss_fn.last_stats.active_fraction == 0.5
-    # the seed's hand step (eta = 0.05 on the plain quadratic): a -> 49.51, p -> 38.49,
+    # one step by hand (eta = 0.05 on the plain quadratic): a -> 49.51, p -> 38.49,
     # n -> 75.75 deg; the loss falls by 80%
     a, p, n = (torch.tensor(v, dtype=torch.float64) for v in (A, P, N2))
     a2, p2, n2 = a - 0.1 * (n - p), p - 0.1 * (p - a), n - 0.1 * (a - n)
@@ -158,7 +158,7 @@ def test_identical_embeddings_give_finite_gradients():
     labels = torch.tensor([0, 0, 1, 1, 2, 2])
     for mining in ("all", "semihard", "batch_hard"):
         loss = TripletLoss(0.2, mining)(x, labels)
-        assert loss.item() == pytest.approx(0.2)  # collapse sits at loss alpha (seed ch. 2)
+        assert loss.item() == pytest.approx(0.2)  # a collapsed model sits at alpha (FaceNet)
         (grad,) = torch.autograd.grad(loss, x)
         assert torch.isfinite(grad).all()
 

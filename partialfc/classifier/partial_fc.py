@@ -505,7 +505,9 @@ class PartialFC(Head):
         self._scores_buffer = ReusableBuffer(self.device)  # (n, B) scores / coefficients
         self._device_rows_buffer = ReusableBuffer(self.device)  # (n, d), staged tables only
         # (n, d) GEMM operands of the active rows in the compute dtype, kept from forward for
-        # backward on the native low-precision path (half the bytes of a float32 copy)
+        # backward on the native low-precision path when the table stores float32 (half the
+        # bytes of a float32 copy; a table in the compute dtype is read again instead, so that
+        # the cache never rivals the table in size)
         self._operand_buffer = ReusableBuffer(self.device, dtype=self.precision.dtype)
         self.generation = 0  # bumped by every forward; a stale graph refuses to backward
         self._active: ActiveRows | None = None
@@ -710,7 +712,9 @@ class PartialFC(Head):
             and self.storage_dtype == self.precision.dtype,
             operand_rows=(
                 self._operand_buffer.get(rows.numel(), self.embedding_dim)
-                if w is None and self.precision.path == "native"
+                if w is None
+                and self.precision.path == "native"
+                and self.storage_dtype == torch.float32
                 else None
             ),
             record=record,

@@ -221,9 +221,13 @@ def test_native_backward_reads_the_rows_of_forward_once():
     for changed in (False, True):
         pfc = PartialFC(C, D, ArcFaceMargin(0.5, S), compute_dtype="bfloat16", gemm_path="native",
                         seed=SEED, init_std=STD)  # fmt: skip
-        calls = []
-        read = pfc.centers.read
-        pfc.centers.read = lambda rows, out=None: calls.append(rows.numel()) or read(rows, out)
+        calls: list[int] = []
+
+        def counted(rows, out=None, read=pfc.centers.read, calls=calls):
+            calls.append(rows.numel())
+            return read(rows, out)
+
+        pfc.centers.read = counted
         xl = x.clone().requires_grad_(True)
         loss = pfc(xl, y)
         if changed:

@@ -81,6 +81,7 @@ def test_ema_follows_the_recurrence(tmp_path):
     ema = trainer.ema.module.state_dict()
     for key, value in expected.items():
         torch.testing.assert_close(ema[key].double(), value, rtol=1e-6, atol=1e-7)
+
     # the average is neither the initial nor the final weights
     # (all parameters as one vector: the order of a set of names is not fixed between processes)
     def flat(state):

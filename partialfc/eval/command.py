@@ -10,7 +10,12 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     from .protocols.registry import OMNIGLOT_SIZE
 
-    parser.add_argument("model", help="checkpoint or exported model (loaded with Embedder.load)")
+    parser.add_argument(
+        "model",
+        nargs="+",
+        help="checkpoint or exported model (loaded with Embedder.load); several models are "
+        "evaluated as one ensemble: the mean of their cosines",
+    )
     parser.add_argument("--out", required=True, help="output folder for the report")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument(
@@ -135,36 +140,48 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from partialfc.backbone.embedder import Embedder
 
-    from .embedding import with_input_size, with_shift_averaging
+    from .embedding import ensemble_embed_fn, with_input_size, with_shift_averaging
     from .protocols import Ijb
 
-    try:
-        embedder = Embedder.load(args.model, device=args.device)
-    except ValueError as err:
-        print(f"partialfc eval: {err}", file=sys.stderr)
-        return 2
-    # raw (un-normalised) embeddings: protocols normalise, templates pool raw vectors first
-    embed_fn = embedder.embed_raw if hasattr(embedder, "embed_raw") else embedder.embed
-    input_size = getattr(getattr(embedder, "spec", None), "input_size", None)
     if args.shift_average < 0:
         print(
             f"partialfc eval: --shift-average must be >= 0 pixels, got {args.shift_average}",
             file=sys.stderr,
         )
         return 2
-    embed_fn = with_shift_averaging(embed_fn, args.shift_average)
-    if input_size is not None:  # protocol images come at their stored size
-        embed_fn = with_input_size(embed_fn, input_size)
+    members, sizes = [], []
+    for path in args.model:
+        try:
+            embedder = Embedder.load(path, device=args.device)
+        except ValueError as err:
+            print(f"partialfc eval: {err}", file=sys.stderr)
+            return 2
+        # raw (un-normalised) embeddings: protocols normalise, templates pool raw vectors first
+        embed_fn = embedder.embed_raw if hasattr(embedder, "embed_raw") else embedder.embed
+        input_size = getattr(getattr(embedder, "spec", None), "input_size", None)
+        embed_fn = with_shift_averaging(embed_fn, args.shift_average)
+        if input_size is not None:  # protocol images come at their stored size
+            embed_fn = with_input_size(embed_fn, input_size)
+            sizes.append(int(input_size[0]))
+        members.append(embed_fn)
+    if sizes and any(isinstance(p, Ijb) for p in protocols):
+        if len(set(sizes)) > 1:
+            print(
+                f"partialfc eval: IJB aligns faces at one size; the models take {sorted(sizes)}",
+                file=sys.stderr,
+            )
+            return 2
         for protocol in protocols:
             if isinstance(protocol, Ijb):
-                protocol.size = int(input_size[0])  # align IJB faces at the model's size
+                protocol.size = sizes[0]  # align IJB faces at the model's size
+    models = args.model[0] if len(args.model) == 1 else ", ".join(args.model)
     evaluate_model(
-        embed_fn,
+        ensemble_embed_fn(members),
         protocols,
         args.out,
-        title=f"Evaluation of {args.model}",
+        title=f"Evaluation of {models}",
         meta={
-            "model": str(args.model),
+            "model": args.model[0] if len(args.model) == 1 else list(args.model),
             "flip_test": {p.name: bool(p.flip) for p in protocols},
             "shift_average_px": args.shift_average,
         },

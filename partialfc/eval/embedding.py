@@ -115,3 +115,22 @@ def with_shift_averaging(embed_fn: EmbedFn, shift_px: int) -> EmbedFn:
         return total / len(offsets)
 
     return shift_averaged_embed_fn
+
+
+def ensemble_embed_fn(embed_fns: list[EmbedFn]) -> EmbedFn:
+    """Several models as one: the L2-normalised embeddings of the ``M`` models concatenated and
+    divided by ``sqrt(M)``, so the result has unit norm and the cosine of two images is the mean
+    of the models' cosines (score-level fusion by the mean; Kittler et al., "On combining
+    classifiers", IEEE TPAMI 1998, sum rule). One model is returned unchanged.
+    """
+    if not embed_fns:
+        raise ValueError("an ensemble needs at least one model")
+    if len(embed_fns) == 1:
+        return embed_fns[0]
+    scale = 1.0 / np.sqrt(len(embed_fns))
+
+    def ensemble(images: np.ndarray) -> np.ndarray:
+        parts = [l2_normalize(call_embed_fn(fn, images)) * scale for fn in embed_fns]
+        return np.concatenate(parts, axis=1).astype(np.float32, copy=False)
+
+    return ensemble

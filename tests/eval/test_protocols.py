@@ -274,3 +274,65 @@ def test_shift_averaging_means_the_normalised_embeddings_of_five_copies():
         with_shift_averaging(embed, -1)
     with pytest.raises(ValueError, match="does not fit 5x5"):
         shift_image_batch(images, 5, 0)
+
+
+def test_an_ensemble_scores_the_mean_of_its_models_cosines():
+    from partialfc.eval.embedding import ensemble_embed_fn
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, size=(7, 4, 4)).astype(np.uint8)
+    proj = [rng.normal(size=(16, d)) for d in (3, 5)]  # two "models" of different widths
+
+    def model(p):
+        return lambda batch: batch.reshape(len(batch), -1).astype(np.float64) @ p
+
+    fused = ensemble_embed_fn([model(p) for p in proj])(images)
+    assert fused.shape == (7, 8) and fused.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(fused, axis=1), 1.0, rtol=1e-6)
+    cosines = []
+    for p in proj:
+        e = model(p)(images)
+        e /= np.linalg.norm(e, axis=1, keepdims=True)
+        cosines.append(e @ e.T)
+    np.testing.assert_allclose(fused @ fused.T, (cosines[0] + cosines[1]) / 2, atol=1e-6)
+    alone = model(proj[0])
+    assert ensemble_embed_fn([alone]) is alone  # one model: its own raw embeddings
+    with pytest.raises(ValueError, match="at least one model"):
+        ensemble_embed_fn([])
+
+
+def test_eval_command_fuses_several_models(monkeypatch, tmp_path, shared_data):
+    from partialfc.cli import main
+
+    rng = np.random.default_rng(1)
+    proj = {"a.onnx": rng.normal(size=(400, 6)), "b.onnx": rng.normal(size=(400, 6))}
+    loaded = []
+
+    class FakeEmbedder:
+        def __init__(self, p):
+            self.p = p
+
+        @classmethod
+        def load(cls, path, device=None):
+            loaded.append(path)
+            return cls(proj[path])
+
+        spec = types.SimpleNamespace(input_size=(20, 20))
+
+        def embed_raw(self, images, flip=False):
+            return images.reshape(len(images), -1).astype(np.float64) @ self.p
+
+    module = types.ModuleType("partialfc.backbone.embedder")
+    module.Embedder = FakeEmbedder
+    monkeypatch.setitem(sys.modules, "partialfc.backbone.embedder", module)
+    orl = ["--orl", str(shared_data / "orl_faces")]
+    aucs = {}
+    for models in (["a.onnx"], ["b.onnx"], ["a.onnx", "b.onnx"]):
+        out = tmp_path / "_".join(models)
+        assert main(["eval", *models, *orl, "--out", str(out)]) == 0
+        results = json.loads((out / "results.json").read_text())
+        assert results["meta"]["model"] == (models[0] if len(models) == 1 else models)
+        aucs[len(models), models[0]] = [r["auc"] for r in results["results"] if "auc" in r]
+    assert loaded == ["a.onnx", "b.onnx", "a.onnx", "b.onnx"]
+    fused, a, b = aucs[2, "a.onnx"], aucs[1, "a.onnx"], aucs[1, "b.onnx"]
+    assert fused and fused != a and fused != b  # the fused scores are neither model's

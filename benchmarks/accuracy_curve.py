@@ -87,21 +87,53 @@ def _check_value(source: str, key: str, value, kind, nullable: bool):
     return value
 
 
+def run_records(records, source: str, allowed) -> list[tuple[str, dict]]:
+    """``(where, record)`` for each object of a runs list, refusing anything but a list of
+    objects with keys from ``allowed`` (errors name ``source``, the run index and the key)."""
+    if not isinstance(records, list):
+        raise ValueError(f"{source}: expected a list of runs, got {type(records).__name__}")
+    out = []
+    for i, record in enumerate(records):
+        where = f"{source}: run {i}"
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: expected an object, got {record!r}")
+        unknown = set(record) - set(allowed)
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        out.append((where, record))
+    return out
+
+
+def read_json(path: str | Path):
+    """The parsed JSON of ``path``; invalid JSON is a ValueError naming the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+
+
+def finish_figure(fig, ax, out: str | Path) -> Path:
+    """Grid, legend and layout of a curve figure; writes it to ``out`` and closes it."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def parse_runs(records, source: str = "runs") -> list[Run]:
     """Check a list of run records against :data:`FIELDS` and return them as :class:`Run`.
 
     Errors name ``source``, the record index and the key.
     """
-    if not isinstance(records, list):
-        raise ValueError(f"{source}: expected a list of runs, got {type(records).__name__}")
     runs = []
-    for i, record in enumerate(records):
-        where = f"{source}: run {i}"
-        if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected an object, got {record!r}")
-        unknown = set(record) - set(FIELDS) - set(OPTIONAL)
-        if unknown:
-            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    for where, record in run_records(records, source, [*FIELDS, *OPTIONAL]):
         values = {}
         for key, (kind, nullable) in FIELDS.items():
             if key not in record:
@@ -125,12 +157,7 @@ def parse_runs(records, source: str = "runs") -> list[Run]:
 
 def load_runs(path: str | Path = RUNS) -> list[Run]:
     """Read and check the runs file (see :func:`parse_runs`)."""
-    path = Path(path)
-    try:
-        records = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    return parse_runs(records, str(path))
+    return parse_runs(read_json(path), str(path))
 
 
 @dataclass(frozen=True)
@@ -227,14 +254,7 @@ def plot(runs: list[Run], out: str | Path = OUT, step_seconds: float = QUIET_STE
         f"minutes at {step_seconds:.3g} s/step (28x28, quiet machine, incl. evaluation)",
         fontsize=8,
     )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return finish_figure(fig, ax, out)
 
 
 def main(argv=None) -> int:

@@ -16,13 +16,18 @@ Reads ``benchmarks/results/lfw_accuracy_runs.json`` (a list of runs, one object 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy_curve import _check_value, seed_groups  # noqa: E402
+from accuracy_curve import (  # noqa: E402
+    _check_value,
+    finish_figure,
+    read_json,
+    run_records,
+    seed_groups,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "results" / "lfw_accuracy_runs.json"
@@ -63,16 +68,8 @@ class LfwRun:
 
 def parse_runs(records, source: str = "runs") -> list[LfwRun]:
     """Check run records against :data:`FIELDS`; errors name ``source``, the run and the key."""
-    if not isinstance(records, list):
-        raise ValueError(f"{source}: expected a list of runs, got {type(records).__name__}")
     runs = []
-    for i, record in enumerate(records):
-        where = f"{source}: run {i}"
-        if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected an object, got {record!r}")
-        unknown = sorted(set(record) - set(FIELDS))
-        if unknown:
-            raise ValueError(f"{where}: unknown keys {unknown}")
+    for where, record in run_records(records, source, FIELDS):
         missing = [key for key in FIELDS if key not in record]
         if missing:
             raise ValueError(f"{where}: missing {missing[0]!r}")
@@ -96,12 +93,8 @@ def parse_runs(records, source: str = "runs") -> list[LfwRun]:
 
 
 def load_runs(path: str | Path = RUNS) -> list[LfwRun]:
-    path = Path(path)
-    try:
-        records = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    return parse_runs(records, str(path))
+    """Read and check the runs file (see :func:`parse_runs`)."""
+    return parse_runs(read_json(path), str(path))
 
 
 def plot(runs: list[LfwRun], out: str | Path = OUT) -> Path:
@@ -158,14 +151,7 @@ def plot(runs: list[LfwRun], out: str | Path = OUT) -> Path:
     ax.set_ylabel("pair accuracy, LFW folds 4–5, unseen people (%)")
     fig.suptitle("LFW face recipe: validation accuracy vs training time; bars: the two folds "
                  "(one run), ± sd (mean of seeds)", fontsize=9)  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return finish_figure(fig, ax, out)
 
 
 def main(argv=None) -> int:

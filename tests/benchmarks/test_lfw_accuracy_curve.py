@@ -1,26 +1,14 @@
 """benchmarks/lfw_accuracy_curve.py: the runs file, its checks and the seed means."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "lfw_accuracy_curve.py"
+from tests.benchmarks.scripts import ROOT, benchmark_script
 
 
 @pytest.fixture(scope="module")
 def curve():
-    spec = importlib.util.spec_from_file_location("lfw_accuracy_curve", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("lfw_accuracy_curve") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
-        sys.modules.pop("accuracy_curve", None)
 
 
 def _record(**changes):

@@ -113,6 +113,35 @@ def read_json(path: str | Path):
         raise ValueError(f"{path}: not valid JSON ({err})") from None
 
 
+def run_marker(ax, x, value, low, high, color, hollow: bool, label=None) -> None:
+    """One run: a circle at ``value`` (a fraction, drawn in %) with a bar from ``low`` to
+    ``high``; hollow when the run is one of several seeds."""
+    ax.errorbar(
+        x,
+        100 * value,
+        yerr=[[100 * (value - low)], [100 * (high - value)]],
+        fmt="o",
+        mfc="none" if hollow else color,
+        color=color,
+        capsize=3,
+        label=label,
+    )
+
+
+def seed_mean_marker(ax, x, group: SeedGroup, color) -> None:
+    """A seed group's mean (a fraction, drawn in %) as a diamond with a ±1 sd bar."""
+    ax.errorbar(
+        x,
+        100 * group.mean,
+        yerr=100 * group.sd,
+        fmt="D",
+        color=color,
+        capsize=5,
+        elinewidth=2.5,
+        label=f"{group.label}: mean ± sd of {len(group.seeds)} seeds",
+    )
+
+
 def finish_figure(fig, ax, out: str | Path) -> Path:
     """Grid, legend and layout of a curve figure; writes it to ``out`` and closes it."""
     import matplotlib.pyplot as plt
@@ -206,16 +235,8 @@ def plot(runs: list[Run], out: str | Path = OUT, step_seconds: float = QUIET_STE
         for j, r in enumerate(members):
             low, high = r.interval
             shift = (j - (len(members) - 1) / 2) * 12  # seeds side by side, not on top
-            ax.errorbar(
-                r.steps + shift,
-                100 * r.accuracy,
-                yerr=[[100 * (r.accuracy - low)], [100 * (high - r.accuracy)]],
-                fmt="o",
-                mfc="none" if len(members) > 1 else colors[label],
-                color=colors[label],
-                capsize=3,
-                label=label if j == 0 else None,
-            )
+            run_marker(ax, r.steps + shift, r.accuracy, low, high, colors[label],
+                       len(members) > 1, label if j == 0 else None)  # fmt: skip
             ax.annotate(
                 f"{r.wall_clock_min:g} min, load {r.load}",
                 (r.steps + shift, 100 * r.accuracy),
@@ -226,16 +247,7 @@ def plot(runs: list[Run], out: str | Path = OUT, step_seconds: float = QUIET_STE
                 color=colors[label],
             )
     for g in seed_groups(runs):
-        ax.errorbar(
-            g.steps,
-            100 * g.mean,
-            yerr=100 * g.sd,
-            fmt="D",
-            color=colors[g.label],
-            capsize=5,
-            elinewidth=2.5,
-            label=f"{g.label}: mean ± sd of {len(g.seeds)} seeds",
-        )
+        seed_mean_marker(ax, g.steps, g, colors[g.label])
     ax.set_xlim(0, 1.1 * max(r.steps for r in runs))
     for i, (name, value) in enumerate(PUBLISHED.items()):
         ax.axhline(100 * value, color="grey", linestyle=(0, (4, 2 + 2 * i)), linewidth=0.8)

@@ -25,8 +25,10 @@ from accuracy_curve import (  # noqa: E402
     _check_value,
     finish_figure,
     read_json,
+    run_marker,
     run_records,
     seed_groups,
+    seed_mean_marker,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,16 +113,8 @@ def plot(runs: list[LfwRun], out: str | Path = OUT) -> Path:
         for j, r in enumerate(members):
             folds = r.fold_accuracies or (r.pair_accuracy,)
             low, high = min(folds), max(folds)
-            ax.errorbar(
-                r.train_min,
-                100 * r.pair_accuracy,
-                yerr=[[100 * (r.pair_accuracy - low)], [100 * (high - r.pair_accuracy)]],
-                fmt="o",
-                mfc="none" if len(members) > 1 else colors[label],
-                color=colors[label],
-                capsize=3,
-                label=label if j == 0 else None,
-            )
+            run_marker(ax, r.train_min, r.pair_accuracy, low, high, colors[label],
+                       len(members) > 1, label if j == 0 else None)  # fmt: skip
             ax.annotate(
                 f"{r.machine}, load {r.load}",
                 (r.train_min, 100 * r.pair_accuracy),
@@ -131,16 +125,7 @@ def plot(runs: list[LfwRun], out: str | Path = OUT) -> Path:
             )
     for g in seed_groups(runs):
         minutes = [r.train_min for r in runs if r.label == g.label and r.steps == g.steps]
-        ax.errorbar(
-            sum(minutes) / len(minutes),
-            100 * g.mean,
-            yerr=100 * g.sd,
-            fmt="D",
-            color=colors[g.label],
-            capsize=5,
-            elinewidth=2.5,
-            label=f"{g.label}: mean ± sd of {len(g.seeds)} seeds",
-        )
+        seed_mean_marker(ax, sum(minutes) / len(minutes), g, colors[g.label])
     ax.axhline(100 * PUBLISHED, color="grey", linestyle=(0, (4, 2)), linewidth=0.8)
     ax.text(0.5, 100 * PUBLISHED + 0.2, f" published without outside data, about {PUBLISHED:.0%}",
             fontsize=7)  # fmt: skip

@@ -5,11 +5,17 @@ belongs to it alone. The layer's memory is ``peak RSS - RSS before the layer was
 a one-step warm-up on a tiny layer, so library start-up buffers are not counted); the
 reference is the persistent state (centers + optimizer state). The speed limit is the bare
 float32 GEMM time of the active rows (three GEMMs: logits, embedding grad, center grad) with
-the same thread count; ``ratio_to_gemm = step_s / gemm_s``. With ``compute_dtype`` bfloat16 or
-float16 the limit is the three GEMMs in that precision on the path the layer takes: the native
-low-precision GEMM where the hardware has one, else the float32 GEMM of rounded operands (the
-fastest bfloat16 arithmetic on a CPU without bfloat16 units). The report states the measured
-float32 and native bfloat16 GEMM rates of the machine and its CPU capability.
+the same thread count; ``ratio_to_gemm = step_s / gemm_s``. With ``compute_dtype`` bfloat16
+or float16 the limit is the three GEMMs in that precision on the path the layer takes: the
+native low-precision GEMM where the hardware has one, else the float32 GEMM of rounded operands
+(the fastest bfloat16 arithmetic on a CPU without bfloat16 units). The report states the
+measured float32 and native bfloat16 GEMM rates of the machine and its CPU capability.
+
+A row-sparse update must also gather the active rows of the centers and of their optimizer
+state and scatter them back: ``row_traffic_ms`` is the bare time of that memory traffic
+(``index_select`` + ``index_copy_`` once per table), and ``limit_ms = gemm_limit_ms +
+row_traffic_ms`` is the floor of a step built from separate GEMM and gather/scatter kernels
+(``cpu_ratio_to_limit = step_cpu_ms / limit_ms``).
 
     python benchmarks/bench_partial_fc.py --out benchmarks/results/partial_fc.json
     python benchmarks/bench_partial_fc.py --preset quick          # seconds, smoke check
@@ -204,6 +210,29 @@ def _gemm_seconds(
     return best
 
 
+def _row_traffic_seconds(tables, active_rows: int, repeats: int = 3, device: str = "cpu") -> float:
+    """Bare time of the row traffic any row-sparse update of one step must do: gather the
+    active rows of each persistent table (centers, then every optimizer-state table) once and
+    scatter them back once, with torch's ``index_select`` / ``index_copy_`` on the real tables
+    and a random sorted set of ``active_rows`` rows (the values written are the values read)."""
+    import torch
+
+    num_rows = tables[0].shape[0]
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randperm(num_rows, generator=gen)[:active_rows].sort().values.to(tables[0].device)
+    buffers = [t.new_empty(active_rows, t.shape[1]) for t in tables]
+    best, clock = float("inf"), _clock(device)
+    for _ in range(repeats + 1):  # the first run touches the buffers' pages
+        _sync(device)
+        t0 = clock()
+        for table, buf in zip(tables, buffers, strict=True):
+            torch.index_select(table, 0, rows, out=buf)
+            table.index_copy_(0, rows, buf)
+        _sync(device)
+        best = min(best, clock() - t0)
+    return best
+
+
 def gemm_rates(threads: int) -> dict:
     """Measured GEMM rates of this machine (GFLOP/s of process CPU time, best of 3): float32 at
     1024^3 and torch's native bfloat16 at 256^3 (smaller: it can be a slow fallback), plus the
@@ -309,6 +338,9 @@ def _rank_body(rank: int, world: int, cfg: dict, init_file: str | None, queue) -
         gemm_path=pfc.precision.describe(),
     )
     precision = pfc.precision
+    if cfg["update"] == "sparse" and rank == 0:  # before the GEMM operands take the room
+        tables = [pfc.centers.data, *(t.data for t in opt.tables.values())]
+        result["rows_s"] = _row_traffic_seconds(tables, active, device=device)
     if device.startswith("cuda"):
         result["device_peak_bytes"] = torch.cuda.max_memory_allocated()
     del pfc, opt, loss  # the GEMM limit below needs room for full-size float32 operands
@@ -366,6 +398,13 @@ def _summarise(cfg: dict, res: dict) -> dict:
         loss=round(res["loss"], 4),
         gemm_path=res["gemm_path"],
     )
+    if "rows_s" in res:  # sparse update: the GEMMs plus the row traffic they cannot avoid
+        limit = res["gemm_s"] + res["rows_s"]
+        out.update(
+            row_traffic_ms=round(res["rows_s"] * 1e3, 2),
+            limit_ms=round(limit * 1e3, 2),
+            cpu_ratio_to_limit=round(res["step_cpu_s"] / limit, 2),
+        )
     if "device_peak_bytes" in res:
         out["device_peak_gb"] = round(res["device_peak_bytes"] / 1e9, 3)
     return out
@@ -493,7 +532,10 @@ def main(argv=None) -> int:
             "gemm_limit = bare time of the 3 GEMMs over the active rows in the layer's compute "
             "precision on its path (float32 GEMMs for float32 and emulated bfloat16), process "
             "CPU time on a CPU; step_cpu_ms / cpu_ratio_to_gemm: the step in process CPU time "
-            "(what counts on a loaded machine); "
+            "(what counts on a loaded machine); row_traffic = bare gather + scatter of the "
+            "active rows of the centers and of each optimizer-state table, once each (the "
+            "memory traffic any row-sparse update needs; sparse mode only); limit = gemm_limit "
+            "+ row_traffic, cpu_ratio_to_limit = step_cpu / limit; "
             "layer_peak = "
             "peak RSS - RSS before building the layer (measured after a one-step warm-up of "
             "the libraries on a 64-class layer); state = centers + optimizer state"

@@ -181,6 +181,19 @@ def _clock(device: str):
     return time.process_time if device == "cpu" else time.perf_counter
 
 
+def _best_seconds(work, repeats: int, device: str) -> float:
+    """Best time of ``repeats + 1`` calls of ``work()`` in :func:`_clock`'s time (the extra
+    call covers the first touch of output pages, which the minimum then leaves out)."""
+    best, clock = float("inf"), _clock(device)
+    for _ in range(repeats + 1):
+        _sync(device)
+        t0 = clock()
+        work()
+        _sync(device)
+        best = min(best, clock() - t0)
+    return best
+
+
 def _gemm_seconds(
     batch: int, active_rows: int, repeats: int = 3, device: str = "cpu", precision=None
 ) -> float:
@@ -193,10 +206,8 @@ def _gemm_seconds(
     x = torch.randn(batch, DIM, device=device, dtype=dtype)
     w = torch.randn(active_rows, DIM, device=device, dtype=dtype)
     g = torch.randn(batch, active_rows, device=device, dtype=dtype)
-    best, clock = float("inf"), _clock(device)
-    for _ in range(repeats + 1):  # the first run touches the output pages
-        _sync(device)
-        t0 = clock()
+
+    def three_gemms():
         if native:
             precision.mm(x, w.t(), rounded=True)
             precision.mm(g, w, rounded=True)
@@ -205,9 +216,8 @@ def _gemm_seconds(
             torch.mm(x, w.t())
             torch.mm(g, w)
             torch.mm(g.t(), x)
-        _sync(device)
-        best = min(best, clock() - t0)
-    return best
+
+    return _best_seconds(three_gemms, repeats, device)
 
 
 def _row_traffic_seconds(tables, active_rows: int, repeats: int = 3, device: str = "cpu") -> float:
@@ -221,16 +231,13 @@ def _row_traffic_seconds(tables, active_rows: int, repeats: int = 3, device: str
     gen = torch.Generator().manual_seed(0)
     rows = torch.randperm(num_rows, generator=gen)[:active_rows].sort().values.to(tables[0].device)
     buffers = [t.new_empty(active_rows, t.shape[1]) for t in tables]
-    best, clock = float("inf"), _clock(device)
-    for _ in range(repeats + 1):  # the first run touches the buffers' pages
-        _sync(device)
-        t0 = clock()
+
+    def gather_and_scatter():
         for table, buf in zip(tables, buffers, strict=True):
             torch.index_select(table, 0, rows, out=buf)
             table.index_copy_(0, rows, buf)
-        _sync(device)
-        best = min(best, clock() - t0)
-    return best
+
+    return _best_seconds(gather_and_scatter, repeats, device)
 
 
 def gemm_rates(threads: int) -> dict:

@@ -53,6 +53,14 @@ GREY_SIZE = 96  # side of the grey crops, pixels
 # vs 0.92 when every image gets its own best box: the grey crops are not all framed alike).
 COLOUR_CROP_SIDE = 116
 COLOUR_CROP_CENTRE = (75.0, 75.0)  # (x, y) in colour-image pixels
+# Mean MTCNN landmarks (left eye, right eye, nose tip, left and right mouth corner; x, y in
+# 96×96 pixels) over the 4,688 grey crops of the training folds 0-3 where MTCNN finds a face
+# (21 of 4,709 without): the frame `recipe.align` maps every face onto. Per image the landmarks
+# scatter by about 3.6 px around it (pose and framing).
+GREY_FRAME_LANDMARKS = np.array(
+    [[31.21, 38.43], [65.91, 37.55], [48.59, 58.16], [34.10, 76.21], [64.22, 75.62]]
+)
+GREY_DETECT_PAD = 24  # replicated border (px) around a tight grey crop so MTCNN sees a face
 DEFAULT_FARS = (1e-4, 1e-3, 1e-2)
 
 
@@ -75,6 +83,13 @@ class RecipeConfig:
     # leave out training people with fewer grey images: a person seen once per epoch gets its
     # class center updated once per epoch (1 = keep everyone)
     min_images_per_person: int = 1
+    # also train on the colour image of every training-fold pair photo, converted by
+    # colour_to_grey_crop: a second framing of ~2,240 training photos plus 57 photos the grey
+    # set lacks (people are counted by distinct photos for min_images_per_person)
+    train_colour_views: bool = False
+    # align every image by its five MTCNN landmarks onto GREY_FRAME_LANDMARKS (the grey crops'
+    # mean framing): grey crops are re-framed, colour photos cropped from the full 150×150
+    align: bool = False
     max_train_images: int = 0  # keep only the first N training images (0 = all; tests)
     export: bool = False  # export the trained backbone (ONNX + safetensors + spec)
 
@@ -160,14 +175,34 @@ def load_lfw_names(recipe: RecipeConfig) -> list[str]:
 
 
 def _select_people(faces, folds: list[int]):
-    """Images, contiguous labels and names of the people of ``folds`` in a FaceSet."""
+    """Images, contiguous labels, names and image ids of the people of ``folds`` in a FaceSet."""
     person_fold = np.asarray(faces.identity_fold)
     keep_person = np.isin(person_fold, folds)
     keep = keep_person[faces.labels]
     old = np.flatnonzero(keep_person)
     remap = np.full(len(faces.identity_names), -1, dtype=np.int64)
     remap[old] = np.arange(old.size)
-    return faces.images[keep], remap[faces.labels[keep]], [faces.identity_names[i] for i in old]
+    image_names = [n for n, k in zip(faces.image_names, keep, strict=True) if k]
+    names = [faces.identity_names[i] for i in old]
+    return faces.images[keep], remap[faces.labels[keep]], names, image_names
+
+
+def colour_training_views(recipe: RecipeConfig, names: list[str]):
+    """``(images, labels, image ids)`` of the colour pair images of the people ``names``
+    (labels index ``names``), converted by :func:`colour_photos_to_grey`, in archive order."""
+    from partialfc.data.lfw import LfwImageArchive
+
+    archive = LfwImageArchive(lfw_root(recipe) / "lfw_color150_dev.zip")
+    label_of = {name: i for i, name in enumerate(names)}
+    photos, labels, ids = [], [], []
+    for image_id in archive.image_ids():
+        person, number = image_id.rsplit("_", 1)
+        if person in label_of:
+            photos.append(archive.read(person, int(number)))
+            labels.append(label_of[person])
+            ids.append(image_id)
+    images = colour_photos_to_grey(photos, recipe.align)
+    return images, np.asarray(labels, np.int64), ids
 
 
 def build_split(recipe: RecipeConfig) -> LfwSplit:
@@ -183,25 +218,38 @@ def build_split(recipe: RecipeConfig) -> LfwSplit:
     parts = [_select_people(dev, [f for f in recipe.train_folds if f != 0])]
     if 0 in recipe.train_folds:
         parts.append(_select_people(load_lfw_gray(root, part="extra"), [0]))
-    images, labels, names, offset = [], [], [], 0
-    for part_images, part_labels, part_names in parts:
+    images, labels, names, image_ids, offset = [], [], [], [], 0
+    for part_images, part_labels, part_names, part_ids in parts:
         images.append(part_images)
         labels.append(part_labels + offset)
         names += part_names
+        image_ids += part_ids
         offset += len(part_names)
+    if recipe.train_colour_views:
+        part_images, part_labels, part_ids = colour_training_views(recipe, names)
+        images.append(part_images)
+        labels.append(part_labels)
+        image_ids += part_ids
+    if recipe.align:
+        images[: len(parts)] = [align_grey_crops(part)[0] for part in images[: len(parts)]]
     train_images, train_labels = np.concatenate(images), np.concatenate(labels)
     if recipe.min_images_per_person > 1:
-        counts = np.bincount(train_labels, minlength=len(names))
-        keep = counts[train_labels] >= recipe.min_images_per_person
+        photos = np.bincount(
+            np.unique(
+                np.stack([train_labels, np.unique(image_ids, return_inverse=True)[1]], 1), axis=0
+            )[:, 0],
+            minlength=len(names),
+        )  # distinct photos per person (a photo in both sets counts once)
+        keep = photos[train_labels] >= recipe.min_images_per_person
         used, train_labels = np.unique(train_labels[keep], return_inverse=True)
         train_images, names = train_images[keep], [names[i] for i in used]
     if recipe.max_train_images:
         train_images = train_images[: recipe.max_train_images]
         used, train_labels = np.unique(train_labels[: recipe.max_train_images], return_inverse=True)
         names = [names[i] for i in used]
-    val_images, val_labels, val_names = _select_people(dev, recipe.val_folds)
-    val_rows = np.flatnonzero(np.isin(np.asarray(dev.identity_fold)[dev.labels], recipe.val_folds))
-    val_image_names = [dev.image_names[i] for i in val_rows]
+    val_images, val_labels, val_names, val_image_names = _select_people(dev, recipe.val_folds)
+    if recipe.align:
+        val_images = align_grey_crops(val_images)[0]
     pairs = None
     if recipe.val_folds:
         all_pairs = read_lfw_pairs(root / "pairs_dev.txt")
@@ -270,6 +318,67 @@ def colour_to_grey_crop(
     return cv2.warpAffine(grey, to_crop, (size, size), flags=flags)
 
 
+def face_landmarks(images, pad: int = 0, detector=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(landmarks (N, 5, 2), found (N,) bool)``: the five MTCNN landmarks of the largest face
+    in each uint8 grey or RGB image, detected with a replicated border of ``pad`` pixels (a
+    tight crop has no room around the face otherwise); zeros where no face is found."""
+    import cv2
+
+    from partialfc.detect import largest_face, load_detector
+
+    detector = detector or load_detector("mtcnn", min_face_size=40)
+    landmarks = np.zeros((len(images), 5, 2), np.float32)
+    found = np.zeros(len(images), bool)
+    for i, image in enumerate(images):
+        if pad:
+            image = cv2.copyMakeBorder(image, pad, pad, pad, pad, cv2.BORDER_REPLICATE)
+        face = largest_face(detector.detect(image))
+        if face is not None:
+            landmarks[i], found[i] = face.landmarks - pad, True
+    return landmarks, found
+
+
+def align_to_grey_frame(image: np.ndarray, landmarks: np.ndarray, size: int = GREY_SIZE):
+    """A grey (or RGB → BT.601 luma) image warped so that its landmarks land on
+    ``GREY_FRAME_LANDMARKS`` (similarity, least squares), ``size``×``size`` grey, edge pixels
+    repeated where the photo ends."""
+    import cv2
+
+    from partialfc.data.align import align_face
+
+    if image.ndim == 3:
+        image = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)
+    template = GREY_FRAME_LANDMARKS * (size / GREY_SIZE)
+    return align_face(image, landmarks, size=size, template=template, border="replicate")
+
+
+def align_grey_crops(images: np.ndarray) -> tuple[np.ndarray, int]:
+    """Grey crops re-framed onto ``GREY_FRAME_LANDMARKS``; a crop without a detected face is
+    kept as it is (it is in the grey framing already). Returns ``(images, faces found)``."""
+    landmarks, found = face_landmarks(images, pad=GREY_DETECT_PAD)
+    out = images.copy()
+    for i in np.flatnonzero(found):
+        out[i] = align_to_grey_frame(images[i], landmarks[i])
+    return out, int(found.sum())
+
+
+def colour_photos_to_grey(photos: list[np.ndarray], align: bool) -> np.ndarray:
+    """150×150 RGB photos → 96×96 grey: landmark-aligned onto ``GREY_FRAME_LANDMARKS``
+    (``align``; a photo without a detected face falls back to the centred crop) or the centred
+    crop of :func:`colour_to_grey_crop`."""
+    if not photos:
+        return np.zeros((0, GREY_SIZE, GREY_SIZE), np.uint8)
+    if not align:
+        return np.stack([colour_to_grey_crop(p) for p in photos])
+    landmarks, found = face_landmarks(photos)
+    return np.stack(
+        [
+            align_to_grey_frame(p, lm) if ok else colour_to_grey_crop(p)
+            for p, lm, ok in zip(photos, landmarks, found, strict=True)
+        ]
+    )
+
+
 def estimate_colour_crop(colour_grey: list[np.ndarray], grey: list[np.ndarray], sides, shifts):
     """``(mean NCC, side, dx, dy)`` of the best centred-square framing, by grid search: the
     colour images (already grey) cropped at each candidate box vs the grey crops."""
@@ -310,7 +419,7 @@ class PairImages:
 def pair_images(recipe: RecipeConfig, split: LfwSplit, source: str) -> PairImages:
     """Grey images for the validation pairs: ``"grey"`` (the pairs whose two images are in the
     grey set; rows of ``split.val_images``) or ``"colour"`` (every pair, through
-    :func:`colour_to_grey_crop`)."""
+    :func:`colour_photos_to_grey`: centred crop, or landmark-aligned with ``recipe.align``)."""
     from partialfc.data.lfw import LfwImageArchive
 
     pairs = split.pairs
@@ -323,7 +432,8 @@ def pair_images(recipe: RecipeConfig, split: LfwSplit, source: str) -> PairImage
         archive = LfwImageArchive(lfw_root(recipe) / "lfw_color150_dev.zip")
         wanted = sorted(set(keys1) | set(keys2))
         row = {k: i for i, k in enumerate(wanted)}
-        images = np.stack([colour_to_grey_crop(archive.read(*k.rsplit("_", 1))) for k in wanted])
+        photos = [archive.read(*k.rsplit("_", 1)) for k in wanted]
+        images = colour_photos_to_grey(photos, recipe.align)
     else:
         raise ValueError(f"pair image source must be 'grey' or 'colour', got {source!r}")
     keep = np.array([a in row and b in row for a, b in zip(keys1, keys2, strict=True)])

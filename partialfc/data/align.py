@@ -64,20 +64,36 @@ def template_for_size(size: int = 112) -> np.ndarray:
 
 
 def align_face(
-    image: np.ndarray, landmarks: np.ndarray, size: int = 112, input_order: str = "rgb"
+    image: np.ndarray,
+    landmarks: np.ndarray,
+    size: int = 112,
+    input_order: str = "rgb",
+    template: np.ndarray | None = None,
+    border: str = "constant",
 ) -> np.ndarray:
-    """Warp ``image`` (H, W, 3) uint8 so that ``landmarks`` (5, 2) land on the template.
+    """Warp ``image`` (H, W, 3) or grey (H, W) uint8 so that ``landmarks`` (5, 2) land on the
+    template.
 
-    ``input_order``: "rgb" or "bgr" (the channel order of ``image``); the result is always RGB,
-    ``size`` x ``size``, bilinear interpolation, black border.
+    ``template``: (5, 2) target points in output pixels (default: the ArcFace template scaled
+    to ``size``); ``input_order``: "rgb" or "bgr" (the channel order of ``image``); the result
+    is RGB (or grey), ``size`` x ``size``, bilinear interpolation; ``border``: "constant"
+    (black) or "replicate" (edge pixels repeated).
     """
     if input_order not in ("rgb", "bgr"):
         raise ValueError(f"input_order must be 'rgb' or 'bgr', got {input_order!r}")
+    borders = {"constant": cv2.BORDER_CONSTANT, "replicate": cv2.BORDER_REPLICATE}
+    if border not in borders:
+        raise ValueError(f"border must be one of {sorted(borders)}, got {border!r}")
     landmarks = np.asarray(landmarks, dtype=np.float64)
     if landmarks.shape != (5, 2):
         raise ValueError(f"landmarks must be (5, 2) (x, y) points, got {landmarks.shape}")
-    matrix = umeyama_similarity(landmarks, template_for_size(size))
-    warped = cv2.warpAffine(image, matrix, (size, size), flags=cv2.INTER_LINEAR, borderValue=0)
+    target = template_for_size(size) if template is None else np.asarray(template, np.float64)
+    if target.shape != (5, 2):
+        raise ValueError(f"template must be (5, 2) (x, y) points, got {target.shape}")
+    matrix = umeyama_similarity(landmarks, target)
+    warped = cv2.warpAffine(
+        image, matrix, (size, size), flags=cv2.INTER_LINEAR, borderMode=borders[border]
+    )
     if input_order == "bgr" and warped.ndim == 3:
         warped = cv2.cvtColor(warped, cv2.COLOR_BGR2RGB)
     return warped

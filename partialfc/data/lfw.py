@@ -107,6 +107,20 @@ class LfwImageArchive:
         rel = f"{name}/{name}_{int(number):04d}.jpg"
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
+    def image_ids(self) -> list[str]:
+        """Every image as ``<Name>_<NNNN>``, sorted."""
+        if self.path.is_dir():
+            files = (p.relative_to(self.path).as_posix() for p in self.path.rglob("*.jpg"))
+        else:
+            with zipfile.ZipFile(self.path) as archive:
+                files = archive.namelist()
+        start = f"{self.prefix}/" if self.prefix else ""
+        return sorted(
+            f[len(start) :].split("/")[-1][:-4]
+            for f in files
+            if f.endswith(".jpg") and f.startswith(start)
+        )
+
     def read_bytes(self, name: str, number: int) -> bytes:
         member = self.member(name, number)
         if self.path.is_dir():

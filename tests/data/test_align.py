@@ -80,3 +80,25 @@ def test_align_warps_landmarks_onto_template_and_keeps_rgb():
 def test_bad_landmarks():
     with pytest.raises(ValueError, match=r"\(5, 2\)"):
         align_face(np.zeros((10, 10, 3), np.uint8), np.zeros((4, 2)))
+
+
+def test_custom_template_on_a_grey_image_with_replicated_border():
+    # grey 96x96 image: bright dots at landmarks shifted by (+6, -4) from a custom template
+    template = np.array([[30.0, 40.0], [66.0, 40.0], [48.0, 58.0], [34.0, 76.0], [62.0, 76.0]])
+    landmarks = template + np.array([6.0, -4.0])
+    image = np.full((96, 96), 50, np.uint8)
+    for x, y in landmarks:
+        image[int(y) - 1 : int(y) + 2, int(x) - 1 : int(x) + 2] = 250
+    aligned = align_face(image, landmarks, size=96, template=template, border="replicate")
+    assert aligned.shape == (96, 96)
+    for x, y in template:  # the dots moved onto the template
+        assert aligned[int(y), int(x)] > 200
+    # a pure shift by (-6, +4): the uncovered right columns and top rows repeat the edge (50),
+    # where a constant border would give 0
+    assert aligned[:, -6:].min() == 50 and aligned[:4].min() == 50
+    black = align_face(image, landmarks, size=96, template=template)
+    assert black[:, -5:].max() == 0
+    with pytest.raises(ValueError, match="border"):
+        align_face(image, landmarks, size=96, template=template, border="wrap")
+    with pytest.raises(ValueError, match="template"):
+        align_face(image, landmarks, size=96, template=template[:4])

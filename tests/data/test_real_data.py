@@ -94,3 +94,5 @@ def test_lfw_gray_and_pairs(shared_data):
     assert np.abs(first.astype(int) - pil).mean() < 2.0
     with pytest.raises(FileNotFoundError, match="no member"):
         archive.read("Nobody_Here", 1)
+    # the archive holds exactly the images of the dev pairs
+    assert archive.image_ids() == sorted(pairs.image_names())

@@ -61,6 +61,62 @@ def test_preset_keeps_people_with_several_images(shared_data):
     assert len(split.train_images) == 871 + 902 + 663 + int(counts[-48:].sum())
 
 
+def test_colour_views_add_the_training_people_pair_photos(shared_data):
+    from partialfc.data import LfwImageArchive
+
+    plain = recipe_mod.build_split(_val_recipe(shared_data)[0])
+    recipe, _ = _val_recipe(shared_data, "recipe.train_colour_views=true")
+    split = recipe_mod.build_split(recipe)
+    # folds 1-3 pair photos of training people; 20 more people reach two distinct photos
+    assert split.num_classes == 498 + 20 and len(split.train_images) == 4129
+    assert set(plain.train_identities) < set(split.train_identities)
+    assert not set(split.train_identities) & set(split.val_identities)
+    archive = LfwImageArchive(shared_data / "lfw_dev" / "lfw_color150_dev.zip")
+    ids = [i for i in archive.image_ids() if i.rsplit("_", 1)[0] in split.train_identities]
+    # 2,561 grey images + one grey image of each of the 20 people + 1,548 colour views
+    assert len(ids) == 1548 and len(split.train_images) - len(ids) == 2561 + 20
+    # the colour views are appended after the grey images, in archive order, converted
+    last = ids[-1]
+    name, number = last.rsplit("_", 1)
+    expected = recipe_mod.colour_to_grey_crop(archive.read(name, int(number)))
+    np.testing.assert_array_equal(split.train_images[-1], expected)
+    assert split.train_identities[split.train_labels[-1]] == name
+    # a person counts by distinct photos: a photo in both sets is one photo
+    counts = np.bincount(split.train_labels)
+    assert counts.min() >= 2
+
+
+def _ncc(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(float) - a.mean(), b.astype(float) - b.mean()
+    return float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum()))
+
+
+def test_alignment_brings_both_renderings_of_a_photo_together(shared_data):
+    """The grey crop and the colour photo of the same LFW image, each aligned by its own MTCNN
+    landmarks onto the grey frame, agree far better than the centred crop does."""
+    from partialfc.data import LfwImageArchive, load_lfw_gray
+
+    grey_set = load_lfw_gray(shared_data / "lfw_dev", part="dev")
+    archive = LfwImageArchive(shared_data / "lfw_dev" / "lfw_color150_dev.zip")
+    row = {name: i for i, name in enumerate(grey_set.image_names)}
+    both = [i for i in archive.image_ids() if i in row][:40]
+    grey = np.stack([grey_set.images[row[i]] for i in both])
+    photos = [archive.read(*i.rsplit("_", 1)) for i in both]
+    centred = recipe_mod.colour_photos_to_grey(photos, align=False)
+    aligned_colour = recipe_mod.colour_photos_to_grey(photos, align=True)
+    aligned_grey, found = recipe_mod.align_grey_crops(grey)
+    assert found == 40
+    before = [_ncc(c, g) for c, g in zip(centred, grey, strict=True)]
+    after = [_ncc(c, g) for c, g in zip(aligned_colour, aligned_grey, strict=True)]
+    assert np.mean(before) < 0.8 and np.mean(after) > 0.93 and min(after) > 0.8
+    # re-detected on the aligned crops, the landmarks sit closer to the frame's points
+    frame = recipe_mod.GREY_FRAME_LANDMARKS
+    raw_points, _ = recipe_mod.face_landmarks(grey, pad=recipe_mod.GREY_DETECT_PAD)
+    new_points, ok = recipe_mod.face_landmarks(aligned_grey, pad=recipe_mod.GREY_DETECT_PAD)
+    assert ok.all()
+    assert np.abs(new_points - frame).mean() < 0.65 * np.abs(raw_points - frame).mean()
+
+
 def test_overlapping_split_is_refused(shared_data):
     recipe, _ = _val_recipe(shared_data, "recipe.train_folds=[0,1,2,3,4]")
     with pytest.raises(ValueError, match="person-disjoint"):

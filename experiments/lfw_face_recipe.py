@@ -40,7 +40,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -230,9 +230,8 @@ def build_split(recipe: RecipeConfig) -> LfwSplit:
         images.append(part_images)
         labels.append(part_labels)
         image_ids += part_ids
-    if recipe.align:
-        images[: len(parts)] = [align_grey_crops(part)[0] for part in images[: len(parts)]]
     train_images, train_labels = np.concatenate(images), np.concatenate(labels)
+    grey_rows = np.arange(len(train_images)) < sum(len(p[0]) for p in parts)
     if recipe.min_images_per_person > 1:
         photos = np.bincount(
             np.unique(
@@ -243,10 +242,14 @@ def build_split(recipe: RecipeConfig) -> LfwSplit:
         keep = photos[train_labels] >= recipe.min_images_per_person
         used, train_labels = np.unique(train_labels[keep], return_inverse=True)
         train_images, names = train_images[keep], [names[i] for i in used]
+        grey_rows = grey_rows[keep]
     if recipe.max_train_images:
         train_images = train_images[: recipe.max_train_images]
+        grey_rows = grey_rows[: recipe.max_train_images]
         used, train_labels = np.unique(train_labels[: recipe.max_train_images], return_inverse=True)
         names = [names[i] for i in used]
+    if recipe.align:  # the colour views were aligned from their photos already
+        train_images[grey_rows] = align_grey_crops(train_images[grey_rows])[0]
     val_images, val_labels, val_names, val_image_names = _select_people(dev, recipe.val_folds)
     if recipe.align:
         val_images = align_grey_crops(val_images)[0]
@@ -632,6 +635,7 @@ def run(recipe: RecipeConfig, cfg) -> dict:
     writes ``<run>/recipe_result.json``."""
     t0 = time.perf_counter()
     split = build_split(recipe)
+    split_seconds = time.perf_counter() - t0  # reading, converting and aligning the images
     print(
         f"train: {len(split.train_images)} images of {split.num_classes} people "
         f"(folds {recipe.train_folds}); validation people: {len(split.val_identities)} "
@@ -648,6 +652,7 @@ def run(recipe: RecipeConfig, cfg) -> dict:
         "train_identities": split.num_classes,
         "steps": fit.steps,
         "epochs": fit.epochs_completed,
+        "split_seconds": split_seconds,
         "train_seconds": train_seconds,
         "final_loss": float(np.nanmean(fit.losses[-20:])) if fit.losses else None,
         "checkpoint": str(fit.last_checkpoint),
@@ -661,6 +666,9 @@ def run(recipe: RecipeConfig, cfg) -> dict:
         from partialfc.deploy import PreprocessingSpec, export_backbone
 
         spec = PreprocessingSpec.from_model_config(trainer.model_config)
+        if recipe.align:  # the frame the crops were aligned to, at the model's input size
+            frame = GREY_FRAME_LANDMARKS * (cfg.data.input_size / GREY_SIZE)
+            spec = replace(spec, alignment_landmarks=frame)
         exported = export_backbone(trainer.backbone, spec, trainer.run_dir / "export")
         result["export"] = exported.to_dict()
         print(

@@ -6,7 +6,14 @@ and to rebuild the network::
     {"format": "partialfc.preprocessing", "version": 1,
      "model_name": "iresnet50", "model_kwargs": {...}, "embedding_dim": 512,
      "input_size": [112, 112], "in_channels": 3, "colour_order": "RGB",
-     "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+     "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
+     "alignment_landmarks": [[x, y] × 5] or null}
+
+``alignment_landmarks``: where the five face landmarks (left eye, right eye, nose tip, left and
+right mouth corner, as seen in the image) sit in the input crop the model was trained on,
+in input pixels; align a photo onto them with
+``partialfc.data.align.align_face(image, landmarks, size, template=alignment_landmarks)``.
+``null``: not stated (crops centred on the face, or the ArcFace 112×112 template).
 
 Network input: ``x = (uint8 / 255 - mean) / std`` per channel, layout ``(N, C, H, W)``, the
 same normalisation as training (:func:`partialfc.backbone.pixels.normalize_pixels`).
@@ -44,6 +51,8 @@ class PreprocessingSpec:
     colour_order: str = "RGB"  # "RGB" (3 channels) or "GREY" (1 channel)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    # (5, 2) landmark positions of the training crops, input pixels; None = not stated
+    alignment_landmarks: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self):
         if self.in_channels not in (1, 3):
@@ -60,6 +69,19 @@ class PreprocessingSpec:
             raise ValueError(f"std must be positive, got {self.std}")
         if len(self.input_size) != 2 or min(self.input_size) < 1:
             raise ValueError(f"input_size must be (H, W) > 0, got {self.input_size}")
+        if self.alignment_landmarks is not None:
+            points = np.asarray(self.alignment_landmarks, dtype=np.float64)
+            h, w = self.input_size
+            inside = (points[..., 0] >= 0) & (points[..., 0] <= w)
+            inside &= (points[..., 1] >= 0) & (points[..., 1] <= h)
+            if points.shape != (5, 2) or not inside.all():
+                raise ValueError(
+                    "alignment_landmarks must be five (x, y) points inside the "
+                    f"{h}×{w} input, got {self.alignment_landmarks}"
+                )
+            object.__setattr__(
+                self, "alignment_landmarks", tuple((float(x), float(y)) for x, y in points)
+            )
 
     @classmethod
     def from_model_config(cls, model_config: dict) -> PreprocessingSpec:
@@ -85,6 +107,10 @@ class PreprocessingSpec:
         d = asdict(self)
         d["input_size"] = list(self.input_size)
         d["mean"], d["std"] = list(self.mean), list(self.std)
+        if self.alignment_landmarks is None:
+            del d["alignment_landmarks"]  # not stated: files stay as before the field existed
+        else:
+            d["alignment_landmarks"] = [list(p) for p in self.alignment_landmarks]
         return {"format": SPEC_FORMAT, "version": SPEC_VERSION, **d}
 
     def to_json(self) -> str:
@@ -107,6 +133,7 @@ class PreprocessingSpec:
                 colour_order=str(d["colour_order"]),
                 mean=tuple(float(v) for v in d["mean"]),
                 std=tuple(float(v) for v in d["std"]),
+                alignment_landmarks=d.get("alignment_landmarks"),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{source}: invalid preprocessing spec: {err}") from None

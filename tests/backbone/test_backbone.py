@@ -135,3 +135,22 @@ def test_one_flip_loop_serves_the_embedder_and_evaluation():
     assert embed_in_batches(embedder._raw, images, batch_size=3).shape == (5, 8)
     with pytest.raises(ValueError, match="returned shape"):
         embed_in_batches(lambda b: np.zeros((1, 8)), images, batch_size=2)
+
+
+def test_the_spec_records_the_alignment_landmarks(tmp_path):
+    points = [[20.8, 25.6], [43.9, 25.0], [32.4, 38.8], [22.7, 50.8], [42.8, 50.4]]
+    spec = PreprocessingSpec("m", embedding_dim=8, input_size=(64, 64), in_channels=1,
+                             colour_order="GREY", mean=(0.5,), std=(0.5,),
+                             alignment_landmarks=points)  # fmt: skip
+    spec.save(tmp_path / "preprocessing.json")
+    back = PreprocessingSpec.load(tmp_path / "preprocessing.json")
+    assert back == spec and np.array_equal(np.asarray(back.alignment_landmarks), points)
+    plain = PreprocessingSpec.from_model_config(CONFIG)  # not stated: None, and no key written
+    assert plain.alignment_landmarks is None and "alignment_landmarks" not in plain.to_dict()
+    assert PreprocessingSpec.from_dict(plain.to_dict()) == plain
+    outside = [*points[:4], [70.0, 50.0]]
+    for bad in (points[:4], outside):
+        with pytest.raises(ValueError, match="alignment_landmarks"):
+            PreprocessingSpec("m", embedding_dim=8, input_size=(64, 64), in_channels=1,
+                              colour_order="GREY", mean=(0.5,), std=(0.5,),
+                              alignment_landmarks=bad)  # fmt: skip

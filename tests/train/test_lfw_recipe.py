@@ -158,6 +158,33 @@ def test_preset_first_steps_train_on_a_tiny_subset(shared_data, tmp_path):
     assert emb.shape == (4, 16) and np.isfinite(emb).all()
 
 
+def test_aligned_final_run_exports_its_frame_in_the_spec(shared_data, tmp_path):
+    from partialfc.deploy import PreprocessingSpec
+
+    recipe, cfg = recipe_mod.load_recipe(
+        REPO / "configs" / "lfw_dev_final.yaml",
+        [
+            f"recipe.data_root={shared_data / 'lfw_dev'}",
+            "recipe.align=true",
+            "recipe.max_train_images=32",
+            "train.epochs=1",
+            "schedule.warmup_epochs=0",
+            "data.batch_size=16",
+            "data.num_workers=0",
+            "data.input_size=32",
+            "model.embedding_dim=16",
+            "run.progress=false",
+            f"run.output_dir={tmp_path}",
+        ],
+    )
+    result = recipe_mod.run(recipe, cfg)
+    assert result["steps"] == 2 and "validation" not in result
+    spec = PreprocessingSpec.load(tmp_path / "lfw_dev_final" / "export" / "preprocessing.json")
+    expected = recipe_mod.GREY_FRAME_LANDMARKS / 3  # 96×96 frame at the 32×32 input
+    np.testing.assert_allclose(spec.alignment_landmarks, expected)
+    assert spec.input_size == (32, 32) and spec.colour_order == "GREY"
+
+
 def test_two_templates_per_person():
     labels = np.array([0, 0, 0, 1, 2, 2])
     assert recipe_mod.two_templates_per_person(labels).tolist() == [0, 1, 0, 2, 4, 5]

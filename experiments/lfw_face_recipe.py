@@ -682,6 +682,36 @@ def run(recipe: RecipeConfig, cfg) -> dict:
     return result
 
 
+def ensemble_embed(model_paths: list[str]):
+    """``uint8 images → (N, Σ d)``: each model's embedding L2-normalised, then concatenated
+    (every model weighs the same in the cosine of two concatenations), and the input size
+    all the models share."""
+    from partialfc.deploy import Embedder
+    from partialfc.eval import l2_normalize
+
+    embedders = [Embedder.load(path) for path in model_paths]
+    sizes = {tuple(e.spec.input_size) for e in embedders}
+    if len(sizes) != 1 or len(next(iter(sizes))) != 2 or len(set(next(iter(sizes)))) != 1:
+        raise ValueError(f"{model_paths}: the models must share one square input size, got {sizes}")
+
+    def embed(images: np.ndarray) -> np.ndarray:
+        return np.concatenate([l2_normalize(e.embed_raw(images)) for e in embedders], axis=1)
+
+    return embed, next(iter(sizes))[0]
+
+
+def evaluate_models(recipe: RecipeConfig, model_paths: list[str]) -> dict:
+    """Validation metrics of trained models (one, or several as an ensemble) without training;
+    ``recipe`` supplies the split and the alignment the models were trained with."""
+    if not recipe.val_folds:
+        raise ValueError("--evaluate needs validation folds (recipe.val_folds)")
+    embed, size = ensemble_embed(model_paths)
+    metrics = evaluate_validation(embed, build_split(recipe), recipe, size, baseline=False)
+    for name in ("model", "model_no_flip"):
+        print(f"{name:14s} {headline(metrics[name], recipe.val_images)}", flush=True)
+    return {"models": [str(p) for p in model_paths], "recipe": asdict(recipe), **metrics}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="configs/lfw_dev_val.yaml or _final.yaml")
@@ -692,8 +722,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="override, e.g. train.epochs=2 or recipe.val_images=colour (repeatable)",
     )
+    parser.add_argument(
+        "--evaluate",
+        nargs="+",
+        metavar="MODEL",
+        help="validate trained models (run folders or exports; several = an ensemble of "
+        "their normalised, concatenated embeddings) instead of training",
+    )
+    parser.add_argument("--out", help="with --evaluate: write the metrics to this JSON file")
     args = parser.parse_args(argv)
     recipe, cfg = load_recipe(args.config, args.set)
+    if args.evaluate:
+        result = evaluate_models(recipe, args.evaluate)
+        if args.out:
+            _atomic_write_json(Path(args.out), result)
+        return 0
     run(recipe, cfg)
     return 0
 

@@ -185,6 +185,47 @@ def test_aligned_final_run_exports_its_frame_in_the_spec(shared_data, tmp_path):
     assert spec.input_size == (32, 32) and spec.colour_order == "GREY"
 
 
+def _saved_model(path: Path, seed: int, size: int = 32) -> Path:
+    from partialfc.backbone.io import save_backbone
+    from partialfc.models import build_model
+
+    torch.manual_seed(seed)
+    config = {
+        "name": "iresnet_small",
+        "kwargs": {"embedding_dim": 8, "input_size": size, "in_channels": 1},
+    }
+    save_backbone(build_model(config["name"], **config["kwargs"]).eval(), config, path)
+    return path
+
+
+def test_ensemble_concatenates_normalised_embeddings(tmp_path):
+    from partialfc.deploy import Embedder
+
+    a, b = _saved_model(tmp_path / "a", 0), _saved_model(tmp_path / "b", 1)
+    images = np.random.default_rng(2).integers(0, 256, (6, 32, 32), dtype=np.uint8)
+    embed, size = recipe_mod.ensemble_embed([str(a), str(b)])
+    got = embed(images)
+    assert size == 32 and got.shape == (6, 16)
+    # independently: each model's normalised embedding, side by side
+    for part, path in zip((got[:, :8], got[:, 8:]), (a, b), strict=True):
+        np.testing.assert_allclose(part, Embedder.load(path).embed(images), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="input size"):
+        recipe_mod.ensemble_embed([str(a), str(_saved_model(tmp_path / "c", 0, size=48))])
+
+
+def test_a_model_twice_scores_as_the_model_alone(shared_data, tmp_path):
+    recipe, _ = _val_recipe(shared_data, "recipe.pair_sources=[grey]")
+    model = str(_saved_model(tmp_path / "m", 0))
+    alone = recipe_mod.evaluate_models(recipe, [model])
+    twice = recipe_mod.evaluate_models(recipe, [model, model])
+    for metrics in ("pairs_grey", "all_vs_all"):
+        assert twice["model"][metrics]["auc"] == pytest.approx(alone["model"][metrics]["auc"])
+    assert twice["model"]["pairs_grey"]["accuracy"]["mean"] == pytest.approx(
+        alone["model"]["pairs_grey"]["accuracy"]["mean"]
+    )
+    assert alone["models"] == [model] and 0.5 < alone["model"]["pairs_grey"]["auc"] < 0.8
+
+
 def test_two_templates_per_person():
     labels = np.array([0, 0, 0, 1, 2, 2])
     assert recipe_mod.two_templates_per_person(labels).tolist() == [0, 1, 0, 2, 4, 5]

@@ -142,13 +142,17 @@ def seed_mean_marker(ax, x, group: SeedGroup, color) -> None:
     )
 
 
-def finish_figure(fig, ax, out: str | Path) -> Path:
-    """Grid, legend and layout of a curve figure; writes it to ``out`` and closes it."""
+def finish_figure(fig, ax, out: str | Path, legend_below: bool = False) -> Path:
+    """Grid, legend (inside, lower right; or ``legend_below`` the axes) and layout of a curve
+    figure; writes it to ``out`` and closes it."""
     import matplotlib.pyplot as plt
 
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    if legend_below:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.1), ncol=1)
+    else:
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)

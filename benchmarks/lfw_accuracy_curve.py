@@ -105,9 +105,11 @@ def plot(runs: list[LfwRun], out: str | Path = OUT) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8.5, 5.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(9, 9), dpi=120)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.94, bottom=0.42)  # the legend goes below
     labels = list(dict.fromkeys(r.label for r in runs))
-    colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    palette = plt.get_cmap("tab20").colors
+    colors = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
     for label in labels:
         members = [r for r in runs if r.label == label]
         for j, r in enumerate(members):
@@ -136,7 +138,7 @@ def plot(runs: list[LfwRun], out: str | Path = OUT) -> Path:
     ax.set_ylabel("pair accuracy, LFW folds 4–5, unseen people (%)")
     fig.suptitle("LFW face recipe: validation accuracy vs training time; bars: the two folds "
                  "(one run), ± sd (mean of seeds)", fontsize=9)  # fmt: skip
-    return finish_figure(fig, ax, out)
+    return finish_figure(fig, ax, out, legend_below=True)
 
 
 def main(argv=None) -> int:

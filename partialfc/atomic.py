@@ -37,10 +37,14 @@ class AtomicFile:
             os.close(fd)
             break
         self.tmp = tmp
+        self.mode = os.stat(tmp).st_mode & 0o777  # 0o666 minus the umask, as the OS applied it
         self.done = False
 
     def commit(self) -> None:
-        """Move the temporary file onto ``path``."""
+        """Move the temporary file onto ``path`` (with the mode it was created with: a writer
+        that recreated it, as safetensors does with mode 0o600, does not change it)."""
+        if os.stat(self.tmp).st_mode & 0o777 != self.mode:
+            os.chmod(self.tmp, self.mode)
         os.replace(self.tmp, self.path)
         self.done = True
 

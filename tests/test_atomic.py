@@ -76,7 +76,16 @@ def _writers():
         build_index(folder / "r.rec", folder / "rebuilt.idx")
         return [folder / "r.rec", folder / "r.idx", folder / "rebuilt.idx"]
 
+    def backbone(folder):
+        from partialfc.backbone.io import save_backbone
+        from partialfc.models import build_model
+
+        config = {"name": "iresnet_small", "kwargs": {"embedding_dim": 4, "input_size": 16}}
+        save_backbone(build_model(config["name"], **config["kwargs"]), config, folder / "m")
+        return sorted(p for p in (folder / "m").iterdir() if p.is_file())
+
     return {
+        "save_backbone (safetensors)": backbone,
         "atomic_write_bytes": lambda folder: atomic_write_bytes(folder / "f", b"x") or folder / "f",
         "atomic_output": output,
         "write_verification_bin": verification,

@@ -135,18 +135,20 @@ def test_grey_pairs_point_at_the_named_images(shared_data):
     assert 0.85 < grey.keep.mean() < 1.0  # the grey set lacks a few pair images
 
 
+# a run small enough for a test: 32 images at 32×32, batches of 16
+TINY_RUN = (
+    "recipe.max_train_images=32",
+    "schedule.warmup_epochs=0",
+    "data.batch_size=16",
+    "data.num_workers=0",
+    "data.input_size=32",
+    "model.embedding_dim=16",
+    "run.progress=false",
+)
+
+
 def test_preset_first_steps_train_on_a_tiny_subset(shared_data, tmp_path):
-    recipe, cfg = _val_recipe(
-        shared_data,
-        "recipe.max_train_images=32",
-        "train.epochs=2",
-        "schedule.warmup_epochs=0",
-        "data.batch_size=16",
-        "data.num_workers=0",
-        "data.input_size=32",
-        "model.embedding_dim=16",
-        "run.progress=false",
-    )
+    recipe, cfg = _val_recipe(shared_data, *TINY_RUN, "train.epochs=2")
     split = recipe_mod.build_split(recipe)
     trainer = recipe_mod.build_trainer(recipe, cfg, split, run_dir=tmp_path / "run")
     # 32 images / 16 = 2 steps per epoch: margin zero for 0.5 epoch, then ramped over 1
@@ -166,14 +168,8 @@ def test_aligned_final_run_exports_its_frame_in_the_spec(shared_data, tmp_path):
         [
             f"recipe.data_root={shared_data / 'lfw_dev'}",
             "recipe.align=true",
-            "recipe.max_train_images=32",
+            *TINY_RUN,
             "train.epochs=1",
-            "schedule.warmup_epochs=0",
-            "data.batch_size=16",
-            "data.num_workers=0",
-            "data.input_size=32",
-            "model.embedding_dim=16",
-            "run.progress=false",
             f"run.output_dir={tmp_path}",
         ],
     )

@@ -28,6 +28,12 @@ Pair images come from the grey set when both images are there (``recipe.val_imag
 2,791 of the 3,000 dev pairs) or, for every pair, from the colour images converted to grey
 and cropped to the grey set's framing (``colour``; :func:`colour_to_grey_crop`).
 
+Alignment (``recipe.align``): every grey crop and colour photo is warped by its five MTCNN
+landmarks onto ``GREY_FRAME_LANDMARKS``, the grey crops' mean frame (:func:`align_grey_crops`,
+:func:`colour_photos_to_grey`); the export states that frame in its preprocessing spec.
+``--evaluate MODEL [MODEL ...]`` validates trained models without training (several: one
+ensemble of their normalised, concatenated embeddings, :func:`ensemble_embed`).
+
 Margin warm-up (the initialisation blow-up of margin losses: at initialisation θ_y ≈ 90° for every
 sample and a full margin adds loss before the model has done anything wrong): zero margin for
 ``recipe.margin_warmup_epochs``, then a linear ramp to the configured margin over
@@ -83,9 +89,9 @@ class RecipeConfig:
     # leave out training people with fewer grey images: a person seen once per epoch gets its
     # class center updated once per epoch (1 = keep everyone)
     min_images_per_person: int = 1
-    # also train on the colour image of every training-fold pair photo, converted by
-    # colour_to_grey_crop: a second framing of ~2,240 training photos plus 57 photos the grey
-    # set lacks (people are counted by distinct photos for min_images_per_person)
+    # also train on the colour image of every training-fold pair photo (colour_photos_to_grey):
+    # for the validation preset 1,548 views, 57 of them photos the grey set lacks (people are
+    # counted by distinct photos for min_images_per_person)
     train_colour_views: bool = False
     # align every image by its five MTCNN landmarks onto GREY_FRAME_LANDMARKS (the grey crops'
     # mean framing): grey crops are re-framed, colour photos cropped from the full 150×150

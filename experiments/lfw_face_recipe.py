@@ -388,28 +388,24 @@ def colour_photos_to_grey(photos: list[np.ndarray], align: bool) -> np.ndarray:
     )
 
 
+def normalised_cross_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of the pixels of two same-size images (1 = identical up to
+    brightness and contrast)."""
+    a, b = a.astype(np.float64) - a.mean(), b.astype(np.float64) - b.mean()
+    return float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum()))
+
+
 def estimate_colour_crop(colour_grey: list[np.ndarray], grey: list[np.ndarray], sides, shifts):
     """``(mean NCC, side, dx, dy)`` of the best centred-square framing, by grid search: the
     colour images (already grey) cropped at each candidate box vs the grey crops."""
-
-    def ncc(a, b):
-        a, b = a - a.mean(), b - b.mean()
-        return float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum()))
-
+    ncc = normalised_cross_correlation
     best = (-2.0, 0, 0, 0)
     for side in sides:
         for dx in shifts:
             for dy in shifts:
                 box = (float(side), (75.0 + dx, 75.0 + dy))
                 crops = [colour_to_grey_crop(np.dstack([c] * 3), *box) for c in colour_grey]
-                score = float(
-                    np.mean(
-                        [
-                            ncc(c.astype(float), g.astype(float))
-                            for c, g in zip(crops, grey, strict=True)
-                        ]
-                    )
-                )
+                score = float(np.mean([ncc(c, g) for c, g in zip(crops, grey, strict=True)]))
                 best = max(best, (score, side, dx, dy))
     return best
 
@@ -697,13 +693,14 @@ def ensemble_embed(model_paths: list[str]):
 
     embedders = [Embedder.load(path) for path in model_paths]
     sizes = {tuple(e.spec.input_size) for e in embedders}
-    if len(sizes) != 1 or len(next(iter(sizes))) != 2 or len(set(next(iter(sizes)))) != 1:
+    (height, width), *others = sizes
+    if others or height != width:
         raise ValueError(f"{model_paths}: the models must share one square input size, got {sizes}")
 
     def embed(images: np.ndarray) -> np.ndarray:
         return np.concatenate([l2_normalize(e.embed_raw(images)) for e in embedders], axis=1)
 
-    return embed, next(iter(sizes))[0]
+    return embed, height
 
 
 def evaluate_models(recipe: RecipeConfig, model_paths: list[str]) -> dict:

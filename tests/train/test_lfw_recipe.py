@@ -86,11 +86,6 @@ def test_colour_views_add_the_training_people_pair_photos(shared_data):
     assert counts.min() >= 2
 
 
-def _ncc(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(float) - a.mean(), b.astype(float) - b.mean()
-    return float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum()))
-
-
 def test_alignment_brings_both_renderings_of_a_photo_together(shared_data):
     """The grey crop and the colour photo of the same LFW image, each aligned by its own MTCNN
     landmarks onto the grey frame, agree far better than the centred crop does."""
@@ -106,8 +101,9 @@ def test_alignment_brings_both_renderings_of_a_photo_together(shared_data):
     aligned_colour = recipe_mod.colour_photos_to_grey(photos, align=True)
     aligned_grey, found = recipe_mod.align_grey_crops(grey)
     assert found == 40
-    before = [_ncc(c, g) for c, g in zip(centred, grey, strict=True)]
-    after = [_ncc(c, g) for c, g in zip(aligned_colour, aligned_grey, strict=True)]
+    ncc = recipe_mod.normalised_cross_correlation
+    before = [ncc(c, g) for c, g in zip(centred, grey, strict=True)]
+    after = [ncc(c, g) for c, g in zip(aligned_colour, aligned_grey, strict=True)]
     assert np.mean(before) < 0.8 and np.mean(after) > 0.93 and min(after) > 0.8
     # re-detected on the aligned crops, the landmarks sit closer to the frame's points
     frame = recipe_mod.GREY_FRAME_LANDMARKS
@@ -220,6 +216,15 @@ def test_a_model_twice_scores_as_the_model_alone(shared_data, tmp_path):
         alone["model"]["pairs_grey"]["accuracy"]["mean"]
     )
     assert alone["models"] == [model] and 0.5 < alone["model"]["pairs_grey"]["auc"] < 0.8
+
+
+def test_normalised_cross_correlation_is_the_pixels_pearson_r():
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 256, (2, 12, 12), dtype=np.uint8)
+    ncc = recipe_mod.normalised_cross_correlation
+    assert ncc(a, b) == pytest.approx(np.corrcoef(a.ravel(), b.ravel())[0, 1], abs=1e-12)
+    brighter = np.clip(a.astype(int) // 2 + 60, 0, 255).astype(np.uint8)  # no uint8 overflow
+    assert ncc(a, brighter) > 0.999 and ncc(a, 255 - a) == pytest.approx(-1.0)
 
 
 def test_two_templates_per_person():

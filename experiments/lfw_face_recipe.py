@@ -62,7 +62,7 @@ COLOUR_CROP_CENTRE = (75.0, 75.0)  # (x, y) in colour-image pixels
 # Mean MTCNN landmarks (left eye, right eye, nose tip, left and right mouth corner; x, y in
 # 96×96 pixels) over the 4,688 grey crops of the training folds 0-3 where MTCNN finds a face
 # (21 of 4,709 without): the frame `recipe.align` maps every face onto. Per image the landmarks
-# scatter by about 3.6 px around it (pose and framing).
+# scatter by 3.8 px per coordinate around it (pose and framing; benchmarks/lfw_alignment.py).
 GREY_FRAME_LANDMARKS = np.array(
     [[31.21, 38.43], [65.91, 37.55], [48.59, 58.16], [34.10, 76.21], [64.22, 75.62]]
 )

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -27,13 +26,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location(
-        "lfw_face_recipe", REPO / "experiments" / "lfw_face_recipe.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The recipe module (``experiments/`` is a folder of scripts, not a package)."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    import lfw_face_recipe
+
+    return lfw_face_recipe
 
 
 def frame_stats(R, root: Path) -> dict:

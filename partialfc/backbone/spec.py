@@ -70,11 +70,13 @@ class PreprocessingSpec:
         if len(self.input_size) != 2 or min(self.input_size) < 1:
             raise ValueError(f"input_size must be (H, W) > 0, got {self.input_size}")
         if self.alignment_landmarks is not None:
-            points = np.asarray(self.alignment_landmarks, dtype=np.float64)
+            try:
+                points = np.asarray(self.alignment_landmarks, dtype=np.float64)
+            except (TypeError, ValueError):
+                points = np.zeros(0)  # not numbers in a (5, 2) layout: refused below
             h, w = self.input_size
-            inside = (points[..., 0] >= 0) & (points[..., 0] <= w)
-            inside &= (points[..., 1] >= 0) & (points[..., 1] <= h)
-            if points.shape != (5, 2) or not inside.all():
+            # (x, y) within [0, w] x [0, h]; NaN compares false and is refused too
+            if points.shape != (5, 2) or not ((points >= 0) & (points <= (w, h))).all():
                 raise ValueError(
                     "alignment_landmarks must be five (x, y) points inside the "
                     f"{h}×{w} input, got {self.alignment_landmarks}"

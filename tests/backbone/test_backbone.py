@@ -149,7 +149,7 @@ def test_the_spec_records_the_alignment_landmarks(tmp_path):
     assert plain.alignment_landmarks is None and "alignment_landmarks" not in plain.to_dict()
     assert PreprocessingSpec.from_dict(plain.to_dict()) == plain
     outside = [*points[:4], [70.0, 50.0]]
-    for bad in (points[:4], outside):
+    for bad in (points[:4], outside, [[1, 2], [3]], "five points", [[np.nan, 1.0]] * 5):
         with pytest.raises(ValueError, match="alignment_landmarks"):
             PreprocessingSpec("m", embedding_dim=8, input_size=(64, 64), in_channels=1,
                               colour_order="GREY", mean=(0.5,), std=(0.5,),

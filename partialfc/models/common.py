@@ -6,6 +6,10 @@ Every backbone maps ``(B, in_channels, H, W)`` float images to ``(B, embedding_d
 
 from __future__ import annotations
 
+import copy
+
+import numpy as np
+import torch
 from torch import nn
 
 
@@ -51,3 +55,42 @@ class EmbeddingLayer(nn.Module):
         x = self.dropout(self.bn(x))
         # flatten() rather than view(): works for channels-last feature maps too
         return self.features(self.fc(x.flatten(1)))
+
+
+def fold_linear_map(backbone: nn.Module, matrix) -> nn.Module:
+    """A copy of ``backbone``, in eval mode, whose embedding is ``matrix @ f(x)`` where ``f(x)``
+    is ``backbone``'s (e.g. a whitening, :class:`partialfc.eval.whitening.WithinClassWhitening`).
+
+    In eval mode the output block computes ``z = a ⊙ (W h + b) + c`` (``a = γ / √(σ² + ε)``,
+    ``c = β − a ⊙ μ``: the final batch norm with its running statistics), so ``M z`` is the same
+    block with ``W ← M diag(a) W``, ``b ← M (a ⊙ b + c)`` and an identity batch norm: exact up to
+    rounding, and the copy keeps the architecture (it exports and loads like any backbone).
+    The copy is for inference: training it would re-estimate the batch norm's statistics.
+    ``backbone`` itself is not changed. ``matrix`` is ``(d, d)``, ``d`` the embedding size.
+    """
+    layers = [m for m in backbone.modules() if isinstance(m, EmbeddingLayer)]
+    if len(layers) != 1:
+        raise ValueError(
+            f"fold_linear_map needs a backbone with one EmbeddingLayer output block, "
+            f"{type(backbone).__name__} has {len(layers)}"
+        )
+    m = torch.as_tensor(np.asarray(matrix), dtype=torch.float64)
+    dim = layers[0].fc.out_features
+    if m.shape != (dim, dim) or not torch.isfinite(m).all():
+        raise ValueError(f"matrix must be a finite ({dim}, {dim}) array, got {tuple(m.shape)}")
+    folded = copy.deepcopy(backbone).eval()
+    head = next(m for m in folded.modules() if isinstance(m, EmbeddingLayer))
+    fc, bn = head.fc, head.features
+    with torch.no_grad():
+        a = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+        c = bn.bias.double() - a * bn.running_mean.double()
+        bias = fc.bias.double() if fc.bias is not None else torch.zeros(dim, dtype=torch.float64)
+        fc.weight.copy_(m @ (a[:, None] * fc.weight.double()))
+        if fc.bias is None:
+            fc.bias = nn.Parameter(torch.zeros(dim, dtype=fc.weight.dtype))
+        fc.bias.copy_(m @ (a * bias + c))
+        bn.running_mean.zero_()
+        bn.running_var.fill_(1.0 - bn.eps)
+        bn.weight.fill_(1.0)
+        bn.bias.zero_()
+    return folded

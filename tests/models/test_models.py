@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -137,3 +138,31 @@ def test_bad_arguments_are_clear_errors():
         iresnet50(in_channels=2)
     with pytest.raises(ValueError, match="input_size"):
         build_model("vit_t", input_size=0)
+
+
+def test_fold_linear_map_gives_the_mapped_embedding():
+    from partialfc.models.common import fold_linear_map
+
+    torch.manual_seed(0)
+    model = build_model("iresnet_small", embedding_dim=8, input_size=32, in_channels=1)
+    x = torch.randn(6, 1, 32, 32)
+    model.train()
+    for _ in range(3):  # non-trivial running statistics in every batch norm
+        model(x + torch.randn_like(x))
+    with torch.no_grad():
+        model.head.features.bias.normal_()
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    matrix = np.random.default_rng(1).normal(size=(8, 8))
+    folded = fold_linear_map(model, matrix)
+    with torch.no_grad():
+        expected = model(x).double() @ torch.from_numpy(matrix).T
+        got = folded(x).double()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert not folded.training
+    for k, v in model.state_dict().items():  # the original is untouched
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(ValueError, match=r"\(8, 8\)"):
+        fold_linear_map(model, np.eye(7))
+    with pytest.raises(ValueError, match="EmbeddingLayer"):
+        fold_linear_map(build_model("vit_t", embedding_dim=8, input_size=32), np.eye(8))

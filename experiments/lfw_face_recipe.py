@@ -96,6 +96,11 @@ class RecipeConfig:
     # align every image by its five MTCNN landmarks onto GREY_FRAME_LANDMARKS (the grey crops'
     # mean framing): grey crops are re-framed, colour photos cropped from the full 150×150
     align: bool = False
+    # within-class whitening (WCCN) of the embeddings, learned on the training images and
+    # folded into the backbone's last layer (partialfc.eval.whitening); the ridge is in units
+    # of the within-class covariance's mean eigenvalue
+    whiten: bool = False
+    whiten_regularization: float = 1.0
     max_train_images: int = 0  # keep only the first N training images (0 = all; tests)
     export: bool = False  # export the trained backbone (ONNX + safetensors + spec)
 
@@ -562,6 +567,20 @@ def raw_pixel_embed(reference: np.ndarray, size: int = 64):
     return embed
 
 
+def fit_whitening(embed_fn, split: LfwSplit, recipe: RecipeConfig, input_size: int):
+    """:class:`partialfc.eval.whitening.WithinClassWhitening` of ``embed_fn``'s embeddings of
+    the training images (``f(x) + f(mirror(x))`` with the flip test, as in evaluation) and
+    their identities, with ``recipe.whiten_regularization``."""
+    from partialfc.eval import flip_horizontal
+    from partialfc.eval.whitening import WithinClassWhitening
+
+    images = resize_to(split.train_images, input_size)
+    raw = embed_raw(embed_fn, images)
+    if recipe.flip_test:
+        raw = raw + embed_raw(embed_fn, np.ascontiguousarray(flip_horizontal(images)))
+    return WithinClassWhitening(recipe.whiten_regularization).fit(raw, split.train_labels)
+
+
 def evaluate_validation(
     embed_fn, split: LfwSplit, recipe: RecipeConfig, input_size: int, baseline: bool = True
 ) -> dict:
@@ -659,11 +678,32 @@ def run(recipe: RecipeConfig, cfg) -> dict:
         "final_loss": float(np.nanmean(fit.losses[-20:])) if fit.losses else None,
         "checkpoint": str(fit.last_checkpoint),
     }
+    from partialfc.backbone.embedding import embed_array
+
+    backbone = trainer.backbone
+    if recipe.whiten:
+        from partialfc.models.common import fold_linear_map
+
+        whitening = fit_whitening(trainer.embed_fn(), split, recipe, cfg.data.input_size)
+        backbone = fold_linear_map(trainer.backbone, whitening.projection)
+        result["whitening"] = {
+            "regularization": recipe.whiten_regularization,
+            "fitted_on_images": int(len(split.train_images)),
+        }
     if recipe.val_folds:
-        metrics = evaluate_validation(trainer.embed_fn(), split, recipe, cfg.data.input_size)
+
+        def embed_fn(images):  # what is exported: the whitened backbone when whitening
+            return embed_array(backbone, images, 256, trainer.ctx.device, trainer.autocast_dtype)
+
+        metrics = evaluate_validation(embed_fn, split, recipe, cfg.data.input_size)
+        if recipe.whiten:
+            metrics["model_unwhitened"] = evaluate_validation(
+                trainer.embed_fn(), split, recipe, cfg.data.input_size, baseline=False
+            )["model"]
         result["validation"] = metrics
-        for name in ("model", "model_no_flip", "raw_pixels"):
-            print(f"{name:14s} {headline(metrics[name], recipe.val_images)}", flush=True)
+        names = ("model", "model_no_flip", "raw_pixels") + ("model_unwhitened",) * recipe.whiten
+        for name in names:
+            print(f"{name:16s} {headline(metrics[name], recipe.val_images)}", flush=True)
     if recipe.export:
         from partialfc.deploy import PreprocessingSpec, export_backbone
 
@@ -671,7 +711,7 @@ def run(recipe: RecipeConfig, cfg) -> dict:
         if recipe.align:  # the frame the crops were aligned to, at the model's input size
             frame = GREY_FRAME_LANDMARKS * (cfg.data.input_size / GREY_SIZE)
             spec = replace(spec, alignment_landmarks=frame)
-        exported = export_backbone(trainer.backbone, spec, trainer.run_dir / "export")
+        exported = export_backbone(backbone, spec, trainer.run_dir / "export")
         result["export"] = exported.to_dict()
         print(
             f"exported to {exported.onnx_path} (onnxruntime vs torch: {exported.max_abs_diff:.2g})"
@@ -684,10 +724,11 @@ def run(recipe: RecipeConfig, cfg) -> dict:
     return result
 
 
-def ensemble_embed(model_paths: list[str]):
+def ensemble_embed(model_paths: list[str], whitening_split: LfwSplit | None = None, recipe=None):
     """``uint8 images → (N, Σ d)``: each model's embedding L2-normalised, then concatenated
     (every model weighs the same in the cosine of two concatenations), and the input size
-    all the models share."""
+    all the models share. With ``whitening_split`` (and ``recipe``), each model's embedding is
+    first whitened by :func:`fit_whitening` on that split's training images."""
     from partialfc.deploy import Embedder
     from partialfc.eval import l2_normalize
 
@@ -696,20 +737,33 @@ def ensemble_embed(model_paths: list[str]):
     (height, width), *others = sizes
     if others or height != width:
         raise ValueError(f"{model_paths}: the models must share one square input size, got {sizes}")
+    maps = [None] * len(embedders)
+    if whitening_split is not None:
+        maps = [
+            fit_whitening(e.embed_raw, whitening_split, recipe, height).projection
+            for e in embedders
+        ]
 
     def embed(images: np.ndarray) -> np.ndarray:
-        return np.concatenate([l2_normalize(e.embed_raw(images)) for e in embedders], axis=1)
+        parts = []
+        for embedder, projection in zip(embedders, maps, strict=True):
+            raw = embedder.embed_raw(images)
+            parts.append(l2_normalize(raw if projection is None else raw @ projection))
+        return np.concatenate(parts, axis=1).astype(np.float32)
 
     return embed, height
 
 
 def evaluate_models(recipe: RecipeConfig, model_paths: list[str]) -> dict:
     """Validation metrics of trained models (one, or several as an ensemble) without training;
-    ``recipe`` supplies the split and the alignment the models were trained with."""
+    ``recipe`` supplies the split and the alignment the models were trained with, and with
+    ``recipe.whiten`` each model is whitened on the split's training images (do not whiten an
+    export of a whitened run twice: ``--set recipe.whiten=false``)."""
     if not recipe.val_folds:
         raise ValueError("--evaluate needs validation folds (recipe.val_folds)")
-    embed, size = ensemble_embed(model_paths)
-    metrics = evaluate_validation(embed, build_split(recipe), recipe, size, baseline=False)
+    split = build_split(recipe)
+    embed, size = ensemble_embed(model_paths, split if recipe.whiten else None, recipe)
+    metrics = evaluate_validation(embed, split, recipe, size, baseline=False)
     for name in ("model", "model_no_flip"):
         print(f"{name:14s} {headline(metrics[name], recipe.val_images)}", flush=True)
     return {"models": [str(p) for p in model_paths], "recipe": asdict(recipe), **metrics}

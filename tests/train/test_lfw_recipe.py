@@ -177,6 +177,33 @@ def test_aligned_final_run_exports_its_frame_in_the_spec(shared_data, tmp_path):
     assert spec.input_size == (32, 32) and spec.colour_order == "GREY"
 
 
+def test_whitened_run_exports_the_whitened_embedding(shared_data, tmp_path):
+    from partialfc.deploy import Embedder
+
+    recipe, cfg = recipe_mod.load_recipe(
+        REPO / "configs" / "lfw_dev_final.yaml",
+        [
+            f"recipe.data_root={shared_data / 'lfw_dev'}",
+            "recipe.whiten=true",
+            "recipe.whiten_regularization=0.5",
+            *TINY_RUN,
+            "train.epochs=1",
+            f"run.output_dir={tmp_path}",
+        ],
+    )
+    result = recipe_mod.run(recipe, cfg)
+    assert result["whitening"] == {"regularization": 0.5, "fitted_on_images": 32}
+    run_dir = tmp_path / "lfw_dev_final"
+    trained, exported = Embedder.load(run_dir), Embedder.load(run_dir / "export")
+    split = recipe_mod.build_split(recipe)
+    # independently refitted on the trained (unwhitened) weights: the export is their map
+    whitening = recipe_mod.fit_whitening(trained.embed_raw, split, recipe, 32)
+    images = recipe_mod.resize_to(split.train_images[:8], 32)
+    expected = trained.embed_raw(images) @ whitening.projection
+    np.testing.assert_allclose(exported.embed_raw(images), expected, rtol=1e-3, atol=1e-3)
+    assert not np.allclose(exported.embed(images), trained.embed(images), atol=1e-2)
+
+
 def _saved_model(path: Path, seed: int, size: int = 32) -> Path:
     from partialfc.backbone.io import save_backbone
     from partialfc.models import build_model
@@ -216,6 +243,11 @@ def test_a_model_twice_scores_as_the_model_alone(shared_data, tmp_path):
         alone["model"]["pairs_grey"]["accuracy"]["mean"]
     )
     assert alone["models"] == [model] and 0.5 < alone["model"]["pairs_grey"]["auc"] < 0.8
+    recipe.whiten = True  # each model whitened on the training images: the same again
+    whitened_alone = recipe_mod.evaluate_models(recipe, [model])["model"]["pairs_grey"]["auc"]
+    whitened_twice = recipe_mod.evaluate_models(recipe, [model, model])["model"]["pairs_grey"]
+    assert whitened_twice["auc"] == pytest.approx(whitened_alone)
+    assert whitened_alone != pytest.approx(alone["model"]["pairs_grey"]["auc"], abs=1e-4)
 
 
 def test_normalised_cross_correlation_is_the_pixels_pearson_r():

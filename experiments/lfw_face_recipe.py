@@ -123,6 +123,9 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
         raise ValueError(f"{source}: folds must be in 0..5 (0 = the extra people), got {bad}")
     if 0 in recipe.val_folds:
         raise ValueError(f"{source}: fold 0 has no pairs; it cannot be a validation fold")
+    ridge = recipe.whiten_regularization
+    if not isinstance(ridge, (int, float)) or not np.isfinite(ridge) or ridge < 0:
+        raise ValueError(f"{source}: recipe.whiten_regularization must be >= 0, got {ridge!r}")
     return recipe
 
 

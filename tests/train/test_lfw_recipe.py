@@ -119,6 +119,20 @@ def test_overlapping_split_is_refused(shared_data):
         recipe_mod.build_split(recipe)
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("recipe.whiten_regularization=-1", "whiten_regularization"),
+        ("recipe.whiten_regularization=.nan", "whiten_regularization"),
+        ("recipe.val_folds=[0]", "fold 0"),
+        ("recipe.whitening=true", "unknown recipe key"),
+    ],
+)
+def test_bad_recipe_values_name_the_key_before_training(override, message):
+    with pytest.raises(ValueError, match=message):
+        recipe_mod.load_recipe(REPO / "configs" / "lfw_dev_val_bf16.yaml", [override])
+
+
 def test_grey_pairs_point_at_the_named_images(shared_data):
     recipe, _ = _val_recipe(shared_data)
     split = recipe_mod.build_split(recipe)

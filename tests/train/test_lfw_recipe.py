@@ -170,20 +170,25 @@ def test_preset_first_steps_train_on_a_tiny_subset(shared_data, tmp_path):
     assert emb.shape == (4, 16) and np.isfinite(emb).all()
 
 
-def test_aligned_final_run_exports_its_frame_in_the_spec(shared_data, tmp_path):
-    from partialfc.deploy import PreprocessingSpec
-
+def _tiny_final_run(shared_data: Path, out: Path, *overrides: str):
+    """The final preset (export on) for one epoch of TINY_RUN into ``out/lfw_dev_final``."""
     recipe, cfg = recipe_mod.load_recipe(
         REPO / "configs" / "lfw_dev_final.yaml",
         [
             f"recipe.data_root={shared_data / 'lfw_dev'}",
-            "recipe.align=true",
+            *overrides,
             *TINY_RUN,
             "train.epochs=1",
-            f"run.output_dir={tmp_path}",
+            f"run.output_dir={out}",
         ],
     )
-    result = recipe_mod.run(recipe, cfg)
+    return recipe, recipe_mod.run(recipe, cfg)
+
+
+def test_aligned_final_run_exports_its_frame_in_the_spec(shared_data, tmp_path):
+    from partialfc.deploy import PreprocessingSpec
+
+    _, result = _tiny_final_run(shared_data, tmp_path, "recipe.align=true")
     assert result["steps"] == 2 and "validation" not in result
     spec = PreprocessingSpec.load(tmp_path / "lfw_dev_final" / "export" / "preprocessing.json")
     expected = recipe_mod.GREY_FRAME_LANDMARKS / 3  # 96×96 frame at the 32×32 input
@@ -194,18 +199,9 @@ def test_aligned_final_run_exports_its_frame_in_the_spec(shared_data, tmp_path):
 def test_whitened_run_exports_the_whitened_embedding(shared_data, tmp_path):
     from partialfc.deploy import Embedder
 
-    recipe, cfg = recipe_mod.load_recipe(
-        REPO / "configs" / "lfw_dev_final.yaml",
-        [
-            f"recipe.data_root={shared_data / 'lfw_dev'}",
-            "recipe.whiten=true",
-            "recipe.whiten_regularization=0.5",
-            *TINY_RUN,
-            "train.epochs=1",
-            f"run.output_dir={tmp_path}",
-        ],
+    recipe, result = _tiny_final_run(
+        shared_data, tmp_path, "recipe.whiten=true", "recipe.whiten_regularization=0.5"
     )
-    result = recipe_mod.run(recipe, cfg)
     assert result["whitening"] == {"regularization": 0.5, "fitted_on_images": 32}
     run_dir = tmp_path / "lfw_dev_final"
     trained, exported = Embedder.load(run_dir), Embedder.load(run_dir / "export")

@@ -123,9 +123,12 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
         raise ValueError(f"{source}: folds must be in 0..5 (0 = the extra people), got {bad}")
     if 0 in recipe.val_folds:
         raise ValueError(f"{source}: fold 0 has no pairs; it cannot be a validation fold")
-    ridge = recipe.whiten_regularization
-    if not isinstance(ridge, (int, float)) or not np.isfinite(ridge) or ridge < 0:
-        raise ValueError(f"{source}: recipe.whiten_regularization must be >= 0, got {ridge!r}")
+    from partialfc.eval.whitening import WithinClassWhitening
+
+    try:  # checked now rather than after training
+        WithinClassWhitening(recipe.whiten_regularization)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{source}: recipe.whiten_regularization: {err}") from None
     return recipe
 
 

@@ -66,6 +66,9 @@ class WithinClassWhitening:
             raise ValueError(
                 "the within-class covariance is singular and regularization is 0: "
                 "use regularization > 0"
+                if eigenvalues.max() > 0
+                else "the within-class covariance is zero (singular): every identity's "
+                "embeddings are identical"
             )
         scale = 1.0 / np.sqrt(eigenvalues + ridge)
         self.projection = (eigenvectors * scale) @ eigenvectors.T

@@ -74,21 +74,18 @@ def fold_linear_map(backbone: nn.Module, matrix) -> nn.Module:
             f"fold_linear_map needs a backbone with one EmbeddingLayer output block, "
             f"{type(backbone).__name__} has {len(layers)}"
         )
-    m = torch.as_tensor(np.asarray(matrix), dtype=torch.float64)
+    linear = torch.as_tensor(np.asarray(matrix), dtype=torch.float64)
     dim = layers[0].fc.out_features
-    if m.shape != (dim, dim) or not torch.isfinite(m).all():
-        raise ValueError(f"matrix must be a finite ({dim}, {dim}) array, got {tuple(m.shape)}")
+    if linear.shape != (dim, dim) or not torch.isfinite(linear).all():
+        raise ValueError(f"matrix must be a finite ({dim}, {dim}) array, got {tuple(linear.shape)}")
     folded = copy.deepcopy(backbone).eval()
-    head = next(m for m in folded.modules() if isinstance(m, EmbeddingLayer))
-    fc, bn = head.fc, head.features
+    head = next(layer for layer in folded.modules() if isinstance(layer, EmbeddingLayer))
+    fc, bn = head.fc, head.features  # nn.Linear with a bias, BatchNorm1d
     with torch.no_grad():
         a = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
         c = bn.bias.double() - a * bn.running_mean.double()
-        bias = fc.bias.double() if fc.bias is not None else torch.zeros(dim, dtype=torch.float64)
-        fc.weight.copy_(m @ (a[:, None] * fc.weight.double()))
-        if fc.bias is None:
-            fc.bias = nn.Parameter(torch.zeros(dim, dtype=fc.weight.dtype))
-        fc.bias.copy_(m @ (a * bias + c))
+        fc.weight.copy_(linear @ (a[:, None] * fc.weight.double()))
+        fc.bias.copy_(linear @ (a * fc.bias.double() + c))
         bn.running_mean.zero_()
         bn.running_var.fill_(1.0 - bn.eps)
         bn.weight.fill_(1.0)

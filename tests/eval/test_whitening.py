@@ -90,6 +90,8 @@ def test_bad_input_is_a_clear_error():
         WithinClassWhitening().fit(bad, labels)
     with pytest.raises(ValueError, match="singular"):
         WithinClassWhitening(0.0).fit(np.zeros((4, 3)), np.array([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match="identical"):  # no ridge can help a zero covariance
+        WithinClassWhitening(1.0).fit(np.ones((4, 3)), np.array([0, 0, 1, 1]))
     with pytest.raises(RuntimeError, match="before fit"):
         WithinClassWhitening().transform(x)
     with pytest.raises(ValueError, match=r"\(N, 6\)"):

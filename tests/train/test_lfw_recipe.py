@@ -124,6 +124,7 @@ def test_overlapping_split_is_refused(shared_data):
     [
         ("recipe.whiten_regularization=-1", "whiten_regularization"),
         ("recipe.whiten_regularization=.nan", "whiten_regularization"),
+        ("recipe.whiten_regularization=strong", "whiten_regularization"),
         ("recipe.val_folds=[0]", "fold 0"),
         ("recipe.whitening=true", "unknown recipe key"),
     ],

@@ -795,6 +795,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="with --evaluate: write the metrics to this JSON file")
     args = parser.parse_args(argv)
     recipe, cfg = load_recipe(args.config, args.set)
+    from partialfc.train.threads import apply_num_threads
+
+    # face detection for the alignment and the evaluation run with the training's thread count
+    # (torch's default, one thread per core, oversubscribes a CPU shared by side-by-side runs)
+    apply_num_threads(cfg.train.num_threads, cfg.data.num_workers)
     if args.evaluate:
         result = evaluate_models(recipe, args.evaluate)
         if args.out:

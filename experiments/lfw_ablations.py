@@ -1,7 +1,7 @@
 """Ablations of the LFW face recipe: the validation preset with one change at a time.
 
     python experiments/lfw_ablations.py --config configs/lfw_dev_val.yaml --jobs 4 \\
-        --out runs/lfw_ablations.json [--only s16,m05] [--set KEY=VALUE ...]
+        --out runs/lfw_ablations.json [--only s32,m03] [--set KEY=VALUE ...]
 
 Each ablation is a run of ``experiments/lfw_face_recipe.py`` with the overrides below (plus the
 common ``--set`` ones), in its own run folder ``runs/lfw_abl_<name>``; ``--jobs`` runs go side
@@ -28,7 +28,7 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "s32": ("scale s = 32", ["head.margin.scale=32"]),
     "s64": ("scale s = 64", ["head.margin.scale=64"]),
     "m0": ("no margin (NormFace)", ["head.margin.m2_rad=0.0"]),
-    "m05": ("ArcFace m = 0.5", ["head.margin.m2_rad=0.5"]),
+    "m03": ("ArcFace m = 0.3", ["head.margin.m2_rad=0.3"]),
     "cosface": ("CosFace m3 = 0.35 instead of ArcFace",
                 ["head.margin.m2_rad=0.0", "head.margin.m3=0.35"]),
     "no_warmup": ("no margin warm-up",
@@ -42,8 +42,10 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "no_extra": ("without the fold-0 (extra) people", ["recipe.train_folds=[1,2,3]"]),
     "in64": ("input 64×64 instead of 48×48", ["data.input_size=64"]),
     "all_people": ("every person, also those with one image", ["recipe.min_images_per_person=1"]),
-    "ep20": ("twice the epochs", ["train.epochs=20"]),
-    "emb256": ("256-d embedding", ["model.embedding_dim=256"]),
+    "ep80": ("twice the epochs", ["train.epochs=80"]),
+    "emb128": ("128-d embedding", ["model.embedding_dim=128"]),
+    "no_align": ("centred crops, no landmark alignment", ["recipe.align=false"]),
+    "no_whiten": ("plain cosine, no within-class whitening", ["recipe.whiten=false"]),
     "mobilefacenet": ("MobileFaceNet backbone", ["model.name=mobilefacenet"]),
 }  # fmt: skip
 

@@ -45,7 +45,6 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "ep80": ("twice the epochs", ["train.epochs=80"]),
     "emb128": ("128-d embedding", ["model.embedding_dim=128"]),
     "no_align": ("centred crops, no landmark alignment", ["recipe.align=false"]),
-    "no_whiten": ("plain cosine, no within-class whitening", ["recipe.whiten=false"]),
     "mobilefacenet": ("MobileFaceNet backbone", ["model.name=mobilefacenet"]),
 }  # fmt: skip
 

@@ -40,7 +40,7 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
         "data.augment.max_scale_delta=0", "data.augment.color_jitter=0",
     ]),
     "no_extra": ("without the fold-0 (extra) people", ["recipe.train_folds=[1,2,3]"]),
-    "in64": ("input 64×64 instead of 48×48", ["data.input_size=64"]),
+    "in48": ("input 48×48 instead of 64×64", ["data.input_size=48"]),
     "all_people": ("every person, also those with one image", ["recipe.min_images_per_person=1"]),
     "ep80": ("twice the epochs", ["train.epochs=80"]),
     "emb128": ("128-d embedding", ["model.embedding_dim=128"]),

@@ -42,6 +42,7 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "no_extra": ("without the fold-0 (extra) people", ["recipe.train_folds=[1,2,3]"]),
     "in48": ("input 48×48 instead of 64×64", ["data.input_size=48"]),
     "all_people": ("every person, also those with one image", ["recipe.min_images_per_person=1"]),
+    "ep50": ("50 epochs instead of 40", ["train.epochs=50"]),
     "ep80": ("twice the epochs", ["train.epochs=80"]),
     "emb128": ("128-d embedding", ["model.embedding_dim=128"]),
     "no_align": ("centred crops, no landmark alignment", ["recipe.align=false"]),

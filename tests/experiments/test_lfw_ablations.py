@@ -32,3 +32,25 @@ def test_the_epoch_ablations_bracket_the_preset():
     }
     assert epochs == {"ep40": 40, "ep80": 80}
     assert 40 < config.train.epochs < 80
+
+
+def test_all_people_at_equal_steps_matches_the_preset_schedule(shared_data):
+    """``all_people_eq`` trains on 4,709 images instead of 2,561: the same optimiser steps and
+    warm-ups as the preset, within a step of each (1 % for the whole run)."""
+
+    def schedule(overrides):
+        fast = [f"recipe.data_root={shared_data / 'lfw_dev'}", "recipe.align=false"]
+        recipe, config = recipe_mod.load_recipe(PRESET, [*fast, *overrides])
+        per_epoch = len(recipe_mod.build_split(recipe).train_labels) // config.data.batch_size
+        return per_epoch, {
+            "total": config.train.epochs * per_epoch,
+            "lr warm-up": round(config.schedule.warmup_epochs * per_epoch),
+            "margin warm-up": round(recipe.margin_warmup_epochs * per_epoch),
+            "margin ramp": round(recipe.margin_ramp_epochs * per_epoch),
+        }
+
+    preset_per_epoch, preset = schedule([])
+    per_epoch, steps = schedule(lfw_ablations.ABLATIONS["all_people_eq"][1])
+    assert (preset_per_epoch, per_epoch) == (2561 // 32, 4709 // 32)
+    assert abs(steps.pop("total") / preset.pop("total") - 1) < 0.01
+    assert all(abs(steps[k] - preset[k]) <= 1 for k in preset), (steps, preset)

@@ -48,6 +48,8 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
         "recipe.min_images_per_person=1", "train.epochs=27", "recipe.margin_warmup_epochs=0.27",
         "recipe.margin_ramp_epochs=0.54", "schedule.warmup_epochs=0.16",
     ]),
+    "erase": ("random erasing with p = 0.5", ["data.augment.erase_prob=0.5"]),
+    "wd1e3": ("weight decay 1e-3 instead of 5e-4", ["optim.weight_decay=1.0e-3"]),
     "ep40": ("40 epochs instead of 50", ["train.epochs=40"]),
     "ep80": ("80 epochs instead of 50", ["train.epochs=80"]),
     "emb128": ("128-d embedding", ["model.embedding_dim=128"]),

@@ -133,6 +133,58 @@ class RandomAffine:
         return _to_uint8(out.squeeze(0))
 
 
+class RandomErasing:
+    """With probability ``p`` (default 0.5), replace one random rectangle of the image by
+    uniform random pixels: random erasing (Zhong, Zheng, Kang, Li & Yang, "Random Erasing Data
+    Augmentation", AAAI 2020, Alg. 1).
+
+    The rectangle's area is a fraction uniform in [``min_area``, ``max_area``] (default
+    [0.02, 0.4]) of the image and its aspect ratio h/w is log-uniform in [``min_aspect``,
+    1/``min_aspect``] (default 0.3, i.e. [0.3, 3.33]; the paper draws it uniformly); draws
+    whose rectangle does not fit are repeated, up to 10 times, after which the image is left
+    unchanged. Every channel of the rectangle gets its own random values in [0, 255].
+    """
+
+    def __init__(
+        self,
+        p: float = 0.5,
+        min_area: float = 0.02,
+        max_area: float = 0.4,
+        min_aspect: float = 0.3,
+    ):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomErasing: p must be in [0, 1], got {p}")
+        if not 0.0 < min_area <= max_area < 1.0:
+            raise ValueError(
+                f"RandomErasing: need 0 < min_area <= max_area < 1, got {min_area}, {max_area}"
+            )
+        if not 0.0 < min_aspect <= 1.0:
+            raise ValueError(f"RandomErasing: min_aspect must be in (0, 1], got {min_aspect}")
+        self.p = float(p)
+        self.min_area = float(min_area)
+        self.max_area = float(max_area)
+        self.log_aspect = math.log(min_aspect)
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if float(torch.rand(())) >= self.p:
+            return image
+        c, h, w = image.shape
+        for _ in range(10):
+            area = _uniform(self.min_area, self.max_area) * h * w
+            aspect = math.exp(_uniform(self.log_aspect, -self.log_aspect))
+            eh = int(round(math.sqrt(area * aspect)))
+            ew = int(round(math.sqrt(area / aspect)))
+            if 0 < eh < h and 0 < ew < w:
+                top = int(torch.randint(h - eh + 1, ()))
+                left = int(torch.randint(w - ew + 1, ()))
+                out = image.clone()
+                out[:, top : top + eh, left : left + ew] = torch.randint(
+                    0, 256, (c, eh, ew), dtype=torch.uint8
+                )
+                return out
+        return image
+
+
 def collate_images(batch: list[tuple]) -> tuple[torch.Tensor, ...]:
     """DataLoader ``collate_fn`` for ``(image, label[, index])`` samples that keeps pixels in
     channels-last memory: images come back as uint8 (B, C, H, W) with

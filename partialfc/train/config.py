@@ -60,6 +60,9 @@ class AugmentConfig:
     max_shift_frac: float = 0.0  # random affine: translation as a fraction of the side
     max_scale_delta: float = 0.0  # random affine: scale in [1 - d, 1 + d]
     color_jitter: float = 0.0  # brightness/contrast jitter strength (0 = off)
+    # random erasing (Zhong et al., AAAI 2020): probability of replacing one random rectangle
+    # (2-40 % of the image, aspect 0.3-3.3) by random pixels, applied last (0 = off)
+    erase_prob: float = 0.0
 
 
 @dataclass
@@ -455,6 +458,7 @@ _RANGES = {
     "data.augment.max_shift_frac": Range(0, 1),
     "data.augment.max_scale_delta": _FRACTION,
     "data.augment.color_jitter": Range(0, 1),
+    "data.augment.erase_prob": Range(0, 1),
     "head.num_classes": _INT_0,
     "head.sample_rate": Range(0, 1, low_open=True),
     "head.num_subcenters": _INT_1,

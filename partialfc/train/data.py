@@ -142,6 +142,8 @@ def build_augmentation(cfg: AugmentConfig, input_size: int):
         steps.append(T.RandomHorizontalFlip())
     if cfg.color_jitter:
         steps.append(T.ColorJitter(cfg.color_jitter))
+    if cfg.erase_prob:
+        steps.append(T.RandomErasing(cfg.erase_prob))
     if not steps:
         return None
     return steps[0] if len(steps) == 1 else T.Compose(steps)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -13,6 +14,7 @@ from partialfc.data.transforms import (
     Compose,
     RandomAffine,
     RandomCrop,
+    RandomErasing,
     RandomHorizontalFlip,
 )
 
@@ -33,6 +35,55 @@ def test_flip_and_crop():
     crop = RandomCrop(6, padding=2)(x)
     windows = [padded[:, i : i + 6, j : j + 6] for i in range(8) for j in range(6)]
     assert crop.shape == (3, 6, 6) and any(torch.equal(crop, w) for w in windows)
+
+
+def test_random_erasing_replaces_one_rectangle_of_the_stated_size():
+    x = torch.full((2, 40, 30), 7, dtype=torch.uint8)  # no random pixel can keep all 7s
+    assert torch.equal(RandomErasing(p=0.0)(x), x)
+    fractions, aspects = [], []
+    for seed in range(300):
+        torch.manual_seed(seed)
+        out = RandomErasing(p=1.0)(x)
+        changed = (out != x).any(0)
+        rows, cols = changed.any(1).nonzero().squeeze(1), changed.any(0).nonzero().squeeze(1)
+        eh, ew = int(rows[-1] - rows[0] + 1), int(cols[-1] - cols[0] + 1)
+        # one axis-aligned rectangle: every pixel inside its bounding box changed
+        assert int(changed.sum()) >= eh * ew - 2 and x.dtype == out.dtype
+        assert torch.equal(out[:, ~changed], x[:, ~changed])
+        fractions.append(eh * ew / (40 * 30))
+        aspects.append(eh / ew)
+    # area fraction in [0.02, 0.4] and aspect in [0.3, 1/0.3], up to the rounding to pixels
+    assert 0.015 < min(fractions) < 0.06 and 0.3 < max(fractions) < 0.43
+    assert 0.25 < min(aspects) < 0.4 and 2.5 < max(aspects) < 3.9
+    hits = 0
+    for seed in range(400):
+        torch.manual_seed(seed)
+        hits += not torch.equal(RandomErasing(p=0.25)(x), x)
+    assert 70 < hits < 130  # binomial(400, 0.25): mean 100, sd 8.7
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"p": 1.5}, "p must be in"),
+        ({"min_area": 0.5, "max_area": 0.4}, "min_area <= max_area"),
+        ({"max_area": 1.0}, "max_area < 1"),
+        ({"min_aspect": 2.0}, "min_aspect must be in"),
+    ],
+)
+def test_random_erasing_refuses_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RandomErasing(**kwargs)
+
+
+def test_erase_prob_puts_random_erasing_last_in_the_training_transform():
+    from partialfc.train.config import AugmentConfig
+    from partialfc.train.data import build_augmentation
+
+    transform = build_augmentation(AugmentConfig(hflip=True, erase_prob=0.3), input_size=8)
+    assert isinstance(transform.transforms[-1], RandomErasing)
+    assert transform.transforms[-1].p == 0.3
+    assert build_augmentation(AugmentConfig(hflip=False), input_size=8) is None
 
 
 def test_color_jitter_matches_an_independent_computation():

@@ -94,6 +94,7 @@ def test_cli_reports_a_typo_and_exits_2(capsys):
         ("data.augment.max_shift_frac=-0.1", "max_shift_frac must be a finite number in [0, 1]"),
         ("data.augment.max_scale_delta=1", "max_scale_delta must be a finite number in [0, 1)"),
         ("data.augment.color_jitter=5", "color_jitter must be a finite number in [0, 1], got 5.0"),
+        ("data.augment.erase_prob=-0.1", "erase_prob must be a finite number in [0, 1], got -0.1"),
         ("data.augment.crop_padding=200", "crop_padding must be at most data.input_size=112"),
         ("data.augment.crop_padding=-1", "crop_padding must be an integer >= 0, got -1"),
         ("data.input_size=100000", "data.input_size must be an integer in [1, 4096]"),

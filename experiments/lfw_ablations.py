@@ -50,6 +50,8 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     ]),
     "erase": ("random erasing with p = 0.5", ["data.augment.erase_prob=0.5"]),
     "wd1e3": ("weight decay 1e-3 instead of 5e-4", ["optim.weight_decay=1.0e-3"]),
+    "lr005": ("learning rate 0.05 instead of 0.1", ["optim.lr=0.05"]),
+    "lr02": ("learning rate 0.2 instead of 0.1", ["optim.lr=0.2"]),
     "ep40": ("40 epochs instead of 50", ["train.epochs=40"]),
     "ep80": ("80 epochs instead of 50", ["train.epochs=80"]),
     "emb128": ("128-d embedding", ["model.embedding_dim=128"]),

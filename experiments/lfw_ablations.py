@@ -25,6 +25,8 @@ HERE = Path(__file__).resolve().parent
 # name → (what changes, overrides)
 ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "preset": ("the preset as configured", []),
+    # NormFace's bound ln((C−1)·P/(1−P)) / cos(θ + m) for C = 498, P = 0.9, θ = 40°, m = 0.5 rad
+    "s24": ("scale s = 24 (the bound for m = 0.5 rad)", ["head.margin.scale=24"]),
     "s32": ("scale s = 32", ["head.margin.scale=32"]),
     "s64": ("scale s = 64", ["head.margin.scale=64"]),
     "m0": ("no margin (NormFace)", ["head.margin.m2_rad=0.0"]),

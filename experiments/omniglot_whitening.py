@@ -91,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"omniglot_whitening: {err}", file=sys.stderr)
         return 2
+    from partialfc.atomic import atomic_write_bytes
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
+    atomic_write_bytes(args.out, text.encode())
     return 0
 
 

@@ -59,6 +59,11 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "emb128": ("128-d embedding", ["model.embedding_dim=128"]),
     "no_align": ("centred crops, no landmark alignment", ["recipe.align=false"]),
     "mobilefacenet": ("MobileFaceNet backbone", ["model.name=mobilefacenet"]),
+    "deeper": ("two IR blocks per stage (iresnet18_half)", ["model.name=iresnet18_half"]),
+    # identity-balanced batches of 8 people × 4 images, and FaceNet's triplet loss on them
+    "pk_triplet": ("P×K batches (8 × 4) and a semi-hard triplet loss beside ArcFace", [
+        "data.pk_identities=8", "data.pk_images=4", "loss.triplet_weight=1.0",
+    ]),
 }  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from partialfc.models.complexity import Complexity, complexity, count_macs, coun
 from partialfc.models.iresnet import (
     IResNet,
     iresnet18,
+    iresnet18_half,
     iresnet34,
     iresnet50,
     iresnet100,
@@ -31,6 +32,7 @@ from partialfc.models.vit import FaceViT, vit_b, vit_s, vit_t
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "iresnet18": iresnet18,
+    "iresnet18_half": iresnet18_half,
     "iresnet34": iresnet34,
     "iresnet50": iresnet50,
     "iresnet100": iresnet100,
@@ -86,6 +88,7 @@ __all__ = [
     "count_macs",
     "count_parameters",
     "iresnet18",
+    "iresnet18_half",
     "iresnet34",
     "iresnet50",
     "iresnet100",

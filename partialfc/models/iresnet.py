@@ -171,3 +171,20 @@ def iresnet_small(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0)
         in_channels=in_channels,
         dropout=dropout,
     )
+
+
+def iresnet18_half(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0) -> IResNet:
+    """IResNet-18's depth (2-2-2-2) at half its width (32-64-128-256, as ``iresnet_small``).
+
+    Twice the IR blocks of ``iresnet_small``: 9.2M parameters and 0.66 GMACs at 112×112
+    (``iresnet_small``: 7.7M, 0.43 GMACs), 512-d. A deeper compact model for small face sets.
+    """
+    return IResNet(
+        (2, 2, 2, 2),
+        widths=(32, 64, 128, 256),
+        stem_width=32,
+        embedding_dim=embedding_dim,
+        input_size=input_size,
+        in_channels=in_channels,
+        dropout=dropout,
+    )

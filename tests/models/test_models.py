@@ -83,6 +83,17 @@ def test_mobilefacenet_parameter_count_and_macs():
     assert c.gmacs == pytest.approx(0.221, rel=0.02)
 
 
+def test_iresnet18_half_adds_one_identity_block_per_stage_to_iresnet_small():
+    # an IR block with cin = cout = w and stride 1: three BNs (2w each), two 3×3 convs (9w² each)
+    # and a PReLU (w): 18w² + 7w parameters, no shortcut
+    deep, small = on_meta("iresnet18_half"), on_meta("iresnet_small")
+    assert [len(stage) for stage in deep.stages] == [2, 2, 2, 2]
+    assert [len(stage) for stage in small.stages] == [1, 1, 1, 1]
+    added = sum(18 * w * w + 7 * w for w in (32, 64, 128, 256))
+    assert count_parameters(deep) - count_parameters(small) == added == 1_570_080
+    assert complexity(deep).gmacs == pytest.approx(0.661, rel=0.002)
+
+
 @pytest.mark.parametrize(
     "name,input_size,feature_map",
     [("iresnet50", 112, (7, 7)), ("iresnet50", 96, (6, 6)), ("iresnet50", 28, (2, 2))],
@@ -92,7 +103,7 @@ def test_final_feature_map_follows_input_size(name, input_size, feature_map):
     assert model.feature_map_size == feature_map
 
 
-SMALL_MODELS = ["iresnet18", "iresnet_small", "mobilefacenet", "vit_t"]
+SMALL_MODELS = ["iresnet18", "iresnet18_half", "iresnet_small", "mobilefacenet", "vit_t"]
 
 
 @pytest.mark.parametrize("name", SMALL_MODELS)

@@ -120,9 +120,16 @@ class IResNet(nn.Module):
         return self.head(self.stages(self.stem(x)))
 
 
-def _iresnet(layers, embedding_dim, input_size, in_channels, dropout) -> IResNet:
+COMPACT_WIDTHS = (32, 64, 128, 256)  # half of IResNet-18's, for small inputs on a CPU
+
+
+def _iresnet(
+    layers, embedding_dim, input_size, in_channels, dropout, widths=(64, 128, 256, 512)
+) -> IResNet:
     return IResNet(
         layers,
+        widths=widths,
+        stem_width=widths[0],
         embedding_dim=embedding_dim,
         input_size=input_size,
         in_channels=in_channels,
@@ -162,15 +169,7 @@ def iresnet_small(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0)
     Same blocks as the face models, about a thousandth of their compute at 28×28; see
     ``benchmarks/bench_models.py`` for its measured throughput.
     """
-    return IResNet(
-        (1, 1, 1, 1),
-        widths=(32, 64, 128, 256),
-        stem_width=32,
-        embedding_dim=embedding_dim,
-        input_size=input_size,
-        in_channels=in_channels,
-        dropout=dropout,
-    )
+    return _iresnet((1, 1, 1, 1), embedding_dim, input_size, in_channels, dropout, COMPACT_WIDTHS)
 
 
 def iresnet18_half(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0) -> IResNet:
@@ -179,12 +178,4 @@ def iresnet18_half(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0
     Twice the IR blocks of ``iresnet_small``: 9.2M parameters and 0.66 GMACs at 112×112
     (``iresnet_small``: 7.7M, 0.43 GMACs), 512-d. A deeper compact model for small face sets.
     """
-    return IResNet(
-        (2, 2, 2, 2),
-        widths=(32, 64, 128, 256),
-        stem_width=32,
-        embedding_dim=embedding_dim,
-        input_size=input_size,
-        in_channels=in_channels,
-        dropout=dropout,
-    )
+    return _iresnet((2, 2, 2, 2), embedding_dim, input_size, in_channels, dropout, COMPACT_WIDTHS)

@@ -64,6 +64,8 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     "pk_triplet": ("P×K batches (8 × 4) and a semi-hard triplet loss beside ArcFace", [
         "data.pk_identities=8", "data.pk_images=4", "loss.triplet_weight=1.0",
     ]),
+    "pk_only": ("P×K batches (8 × 4), ArcFace alone", ["data.pk_identities=8", "data.pk_images=4"]),
+    "erase025": ("random erasing with p = 0.25", ["data.augment.erase_prob=0.25"]),
 }  # fmt: skip
 
 

@@ -32,7 +32,8 @@ Alignment (``recipe.align``): every grey crop and colour photo is warped by its 
 landmarks onto ``GREY_FRAME_LANDMARKS``, the grey crops' mean frame (:func:`align_grey_crops`,
 :func:`colour_photos_to_grey`); the export states that frame in its preprocessing spec.
 ``--evaluate MODEL [MODEL ...]`` validates trained models without training (several: one
-ensemble of their normalised, concatenated embeddings, :func:`ensemble_embed`).
+ensemble of their normalised, concatenated embeddings, :func:`ensemble_embed`);
+``--shift-average PX`` adds shifted copies of every image as test-time augmentation.
 
 Margin warm-up (the initialisation blow-up of margin losses: at initialisation θ_y ≈ 90° for every
 sample and a full margin adds loss before the model has done anything wrong): zero margin for
@@ -730,13 +731,21 @@ def run(recipe: RecipeConfig, cfg) -> dict:
     return result
 
 
-def ensemble_embed(model_paths: list[str], whitening_split: LfwSplit | None = None, recipe=None):
+def ensemble_embed(
+    model_paths: list[str],
+    whitening_split: LfwSplit | None = None,
+    recipe=None,
+    shift_average_px: int = 0,
+):
     """``uint8 images → (N, Σ d)``: each model's embedding L2-normalised, then concatenated
     (every model weighs the same in the cosine of two concatenations), and the input size
     all the models share. With ``whitening_split`` (and ``recipe``), each model's embedding is
-    first whitened by :func:`fit_whitening` on that split's training images."""
+    first whitened by :func:`fit_whitening` on that split's training images. With
+    ``shift_average_px`` > 0 (default 0: off), the result is averaged over the image and its
+    four copies moved that many pixels (:func:`partialfc.eval.embedding.with_shift_averaging`)."""
     from partialfc.deploy import Embedder
     from partialfc.eval import l2_normalize
+    from partialfc.eval.embedding import with_shift_averaging
 
     embedders = [Embedder.load(path) for path in model_paths]
     sizes = {tuple(e.spec.input_size) for e in embedders}
@@ -757,22 +766,32 @@ def ensemble_embed(model_paths: list[str], whitening_split: LfwSplit | None = No
             parts.append(l2_normalize(raw if projection is None else raw @ projection))
         return np.concatenate(parts, axis=1).astype(np.float32)
 
-    return embed, height
+    return with_shift_averaging(embed, shift_average_px), height
 
 
-def evaluate_models(recipe: RecipeConfig, model_paths: list[str]) -> dict:
+def evaluate_models(
+    recipe: RecipeConfig, model_paths: list[str], shift_average_px: int = 0
+) -> dict:
     """Validation metrics of trained models (one, or several as an ensemble) without training;
     ``recipe`` supplies the split and the alignment the models were trained with, and with
     ``recipe.whiten`` each model is whitened on the split's training images (do not whiten an
-    export of a whitened run twice: ``--set recipe.whiten=false``)."""
+    export of a whitened run twice: ``--set recipe.whiten=false``); ``shift_average_px`` as
+    in :func:`ensemble_embed`."""
     if not recipe.val_folds:
         raise ValueError("--evaluate needs validation folds (recipe.val_folds)")
     split = build_split(recipe)
-    embed, size = ensemble_embed(model_paths, split if recipe.whiten else None, recipe)
+    whitening_split = split if recipe.whiten else None
+    embed, size = ensemble_embed(model_paths, whitening_split, recipe, shift_average_px)
     metrics = evaluate_validation(embed, split, recipe, size, baseline=False)
     for name in ("model", "model_no_flip"):
         print(f"{name:14s} {headline(metrics[name], recipe.val_images)}", flush=True)
-    return {"models": [str(p) for p in model_paths], "recipe": asdict(recipe), **metrics}
+    models = [str(p) for p in model_paths]
+    return {
+        "models": models,
+        "shift_average_px": shift_average_px,
+        "recipe": asdict(recipe),
+        **metrics,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -793,7 +812,19 @@ def main(argv: list[str] | None = None) -> int:
         "their normalised, concatenated embeddings) instead of training",
     )
     parser.add_argument("--out", help="with --evaluate: write the metrics to this JSON file")
+    parser.add_argument(
+        "--shift-average",
+        type=int,
+        default=0,
+        metavar="PX",
+        help="with --evaluate: average each embedding over the image and its four copies "
+        "moved PX pixels at the model's input size (test-time augmentation; default 0: off)",
+    )
     args = parser.parse_args(argv)
+    if args.shift_average < 0:
+        parser.error(f"--shift-average must be >= 0 pixels, got {args.shift_average}")
+    if args.shift_average and not args.evaluate:
+        parser.error("--shift-average applies to --evaluate only")
     recipe, cfg = load_recipe(args.config, args.set)
     from partialfc.train.threads import apply_num_threads
 
@@ -801,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     # (torch's default, one thread per core, oversubscribes a CPU shared by side-by-side runs)
     apply_num_threads(cfg.train.num_threads, cfg.data.num_workers)
     if args.evaluate:
-        result = evaluate_models(recipe, args.evaluate)
+        result = evaluate_models(recipe, args.evaluate, args.shift_average)
         if args.out:
             _atomic_write_json(Path(args.out), result)
         return 0

@@ -309,3 +309,40 @@ def test_exported_onnx_embedding_equals_pytorch(tmp_path):
         expected = model(x).numpy()
     got = onnx_embedder.embed_raw(images)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def _moved(images: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """Images moved ``dy`` rows down and ``dx`` columns right, zeros moved in (by padding)."""
+    n, h, w = images.shape
+    padded = np.pad(images, ((0, 0), (abs(dy), abs(dy)), (abs(dx), abs(dx))))
+    top, left = abs(dy) - dy, abs(dx) - dx
+    return padded[:, top : top + h, left : left + w]
+
+
+def test_shift_averaging_is_the_mean_of_five_moved_copies(tmp_path):
+    from partialfc.deploy import Embedder
+
+    a, b = _saved_model(tmp_path / "a", 0), _saved_model(tmp_path / "b", 1)
+    images = np.random.default_rng(3).integers(0, 256, (5, 32, 32), dtype=np.uint8)
+    embed, _ = recipe_mod.ensemble_embed([str(a), str(b)], shift_average_px=2)
+    expected = np.zeros((5, 16))
+    for dy, dx in ((0, 0), (-2, 0), (2, 0), (0, -2), (0, 2)):
+        copy = _moved(images, dy, dx)
+        both = np.concatenate([Embedder.load(p).embed(copy) for p in (a, b)], axis=1)
+        expected += both / np.linalg.norm(both, axis=1, keepdims=True) / 5
+    np.testing.assert_allclose(embed(images), expected, rtol=1e-4, atol=1e-5)
+    plain, _ = recipe_mod.ensemble_embed([str(a), str(b)])
+    assert not np.allclose(plain(images), expected, atol=1e-3)  # the copies changed something
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--evaluate", "m", "--shift-average", "-1"], "must be >= 0 pixels"),
+        (["--shift-average", "2"], "--evaluate only"),
+    ],
+)
+def test_shift_average_flag_refuses_bad_use(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        recipe_mod.main(["--config", "configs/lfw_dev_val.yaml", *argv])
+    assert message in capsys.readouterr().err

@@ -342,7 +342,12 @@ def test_shift_averaging_is_the_mean_of_five_moved_copies(tmp_path):
         (["--shift-average", "2"], "--evaluate only"),
     ],
 )
-def test_shift_average_flag_refuses_bad_use(argv, message, capsys):
+def test_shift_average_flag_refuses_bad_use(argv, message, capsys, monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the flag was accepted")
+
+    monkeypatch.setattr(recipe_mod, "run", must_not_run)  # neither trains nor evaluates
+    monkeypatch.setattr(recipe_mod, "evaluate_models", must_not_run)
     with pytest.raises(SystemExit):
         recipe_mod.main(["--config", "configs/lfw_dev_val.yaml", *argv])
     assert message in capsys.readouterr().err

@@ -19,7 +19,10 @@ sources of ``recipe.pair_sources`` (threshold from the other fold):
   Fisherfaces", TPAMI 1997, §2.3 — after whitening ``S_w``, the generalised eigenproblem
   ``S_b v = λ S_w v`` is the ordinary one of ``S_b``);
 - ``joint bayesian``: the log-likelihood ratio of :class:`JointBayesian` on the normalised,
-  centred embeddings.
+  centred embeddings;
+- ``wccn 1 + as-norm k images`` / ``k means``: the whitened cosine normalised against a cohort
+  of training faces (:class:`AdaptiveScoreNorm`): the whitened training images, or the 498
+  training people's mean directions.
 
 The printed table and the JSON list, per run and rule, the pair accuracy and ROC AUC.
 """
@@ -91,6 +94,44 @@ class JointBayesian:
         return 0.5 * (quad - 2 * np.einsum("ij,jk,ik->i", a, self.G, b))
 
 
+class AdaptiveScoreNorm:
+    """Adaptive symmetric score normalisation (AS-norm; Matějka et al., "Analysis of Score
+    Normalization in Multilingual Speaker Recognition", Interspeech 2017, §2.2).
+
+    With ``s`` the cosine of ``a`` and ``b``, and ``μ_a, σ_a`` the mean and standard deviation
+    of the ``top_k`` largest cosines of ``a`` against a cohort of faces of other people,
+    ``s' = ½ ((s − μ_a) / σ_a + (s − μ_b) / σ_b)``: each face's score is measured against the
+    impostors most like it, which removes a per-face offset that one threshold cannot.
+    """
+
+    def __init__(self, cohort: np.ndarray, top_k: int):
+        cohort = np.asarray(cohort, dtype=np.float64)
+        if cohort.ndim != 2 or not 2 <= top_k <= len(cohort):
+            raise ValueError(f"top_k must be in [2, {len(cohort)}] (the cohort size), got {top_k}")
+        self.cohort = _unit64(cohort)
+        self.top_k = int(top_k)
+
+    def _impostor_stats(self, unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cosines = unit @ self.cohort.T
+        top = -np.partition(-cosines, self.top_k - 1, axis=1)[:, : self.top_k]
+        return top.mean(1), top.std(1)
+
+    def score(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """``(P, d), (P, d) → (P,)`` normalised scores (float64)."""
+        a, b = _unit64(first), _unit64(second)
+        s = np.sum(a * b, axis=1)
+        mean_a, sd_a = self._impostor_stats(a)
+        mean_b, sd_b = self._impostor_stats(b)
+        return 0.5 * ((s - mean_a) / sd_a + (s - mean_b) / sd_b)
+
+
+def _unit64(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length, in float64 (a zero row stays zero)."""
+    x = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
 def lda_projection(embeddings: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
     """``(d, k)`` orthonormal directions of largest between-class scatter
     ``S_b = (1/N) Σ_c n_c (μ_c − μ)(μ_c − μ)ᵀ`` (largest eigenvalue first)."""
@@ -110,7 +151,13 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(l2_normalize(a) * l2_normalize(b), axis=1)
 
 
-def scoring_rules(train: np.ndarray, labels: np.ndarray, lambdas=(0.3, 1.0, 3.0), ks=(64, 128)):
+def scoring_rules(
+    train: np.ndarray,
+    labels: np.ndarray,
+    lambdas=(0.3, 1.0, 3.0),
+    ks=(64, 128),
+    as_norm_ks=(100, 300),
+):
     """``name → (transform, score)``: each rule's map of raw embeddings (learned on ``train``
     and ``labels``) and its pair score of two mapped embedding arrays."""
     from partialfc.eval import l2_normalize
@@ -129,6 +176,12 @@ def scoring_rules(train: np.ndarray, labels: np.ndarray, lambdas=(0.3, 1.0, 3.0)
     unit_mean = l2_normalize(train).mean(0)
     jb = JointBayesian().fit(l2_normalize(train) - unit_mean, labels)
     rules["joint bayesian"] = (lambda x: l2_normalize(x) - unit_mean, jb.score)
+    whitened = train @ p
+    person_means, _, _ = _class_means(l2_normalize(whitened), labels)
+    for name, cohort in (("images", whitened), ("means", person_means)):
+        for k in (k for k in as_norm_ks if k <= len(cohort)):
+            norm = AdaptiveScoreNorm(cohort, k)
+            rules[f"wccn 1 + as-norm {k} {name}"] = (lambda x: x @ p, norm.score)
     return rules
 
 

@@ -60,6 +60,36 @@ def test_lda_finds_the_axes_the_identities_spread_along():
         lfw_scoring.lda_projection(x, labels, 5)
 
 
+def test_as_norm_is_the_symmetric_z_score_against_each_faces_closest_impostors():
+    rng = np.random.default_rng(2)
+    cohort, a, b = rng.normal(size=(30, 5)), rng.normal(size=(7, 5)), rng.normal(size=(7, 5))
+    k = 4
+    unit = lambda v: v / np.linalg.norm(v)  # noqa: E731
+
+    def stats(x):  # the k largest cosines against the cohort, one face at a time
+        top = sorted((float(unit(x) @ unit(c)) for c in cohort), reverse=True)[:k]
+        return np.mean(top), np.sqrt(np.mean((np.array(top) - np.mean(top)) ** 2))
+
+    expected = []
+    for x, y in zip(a, b, strict=True):
+        s = float(unit(x) @ unit(y))
+        (mx, sx), (my, sy) = stats(x), stats(y)
+        expected.append(0.5 * ((s - mx) / sx + (s - my) / sy))
+    norm = lfw_scoring.AdaptiveScoreNorm(cohort, k)
+    np.testing.assert_allclose(norm.score(a, b), expected, rtol=1e-12)
+    np.testing.assert_allclose(norm.score(a, b), norm.score(b, a), rtol=1e-12)
+    # the cohort is used as directions: its scale does not matter, nor does the faces'
+    rescaled = lfw_scoring.AdaptiveScoreNorm(3.0 * cohort, k)
+    np.testing.assert_allclose(rescaled.score(2.0 * a, b), expected, rtol=1e-12)
+
+
+def test_as_norm_refuses_a_cohort_too_small_for_k():
+    with pytest.raises(ValueError, match=r"top_k must be in \[2, 3\]"):
+        lfw_scoring.AdaptiveScoreNorm(np.eye(3), 4)
+    with pytest.raises(ValueError, match="top_k"):
+        lfw_scoring.AdaptiveScoreNorm(np.eye(3), 1)
+
+
 def test_cosine_and_whitening_rows_are_the_recipes_evaluation(shared_data, tmp_path):
     from partialfc.deploy import Embedder
     from tests.train.test_lfw_recipe import FAST, REPO, _saved_model
@@ -70,9 +100,10 @@ def test_cosine_and_whitening_rows_are_the_recipes_evaluation(shared_data, tmp_p
     pair_sets = {"grey": recipe_mod.pair_images(recipe, split, "grey")}
     model = str(_saved_model(tmp_path / "m", 0))
     rules = lfw_scoring.score_run(model, recipe, split, pair_sets)
-    # an 8-d model: no LDA rows (k = 64, 128 exceed d)
+    # an 8-d model: no LDA rows (k = 64, 128 exceed d); a cohort of 2,561 images or 498 people
+    as_norm = [f"wccn 1 + as-norm {k} {c}" for k in (100, 300) for c in ("images", "means")]
     assert sorted(rules) == sorted(
-        ["cosine", "wccn 0.3", "wccn 1", "wccn 3", "wccn 1 centred", "joint bayesian"]
+        ["cosine", "wccn 0.3", "wccn 1", "wccn 3", "wccn 1 centred", "joint bayesian", *as_norm]
     )
     # the training run's own evaluation (raw f(x) + f(mirror(x))), plain and whitened
     raw = Embedder.load(model).embed_raw

@@ -66,6 +66,10 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     ]),
     "pk_only": ("P×K batches (8 × 4), ArcFace alone", ["data.pk_identities=8", "data.pk_images=4"]),
     "erase025": ("random erasing with p = 0.25", ["data.augment.erase_prob=0.25"]),
+    "narrow": ("3/4 of the width (iresnet_small_narrow, 24-48-96-192)", [
+        "model.name=iresnet_small_narrow",
+    ]),
+    "tiny": ("half the width (iresnet_tiny, 16-32-64-128)", ["model.name=iresnet_tiny"]),
 }  # fmt: skip
 
 

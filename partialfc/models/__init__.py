@@ -26,6 +26,8 @@ from partialfc.models.iresnet import (
     iresnet100,
     iresnet200,
     iresnet_small,
+    iresnet_small_narrow,
+    iresnet_tiny,
 )
 from partialfc.models.mobilefacenet import MobileFaceNet, mobilefacenet
 from partialfc.models.vit import FaceViT, vit_b, vit_s, vit_t
@@ -38,6 +40,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "iresnet100": iresnet100,
     "iresnet200": iresnet200,
     "iresnet_small": iresnet_small,
+    "iresnet_small_narrow": iresnet_small_narrow,
+    "iresnet_tiny": iresnet_tiny,
     "mobilefacenet": mobilefacenet,
     "vit_t": vit_t,
     "vit_s": vit_s,
@@ -94,6 +98,8 @@ __all__ = [
     "iresnet100",
     "iresnet200",
     "iresnet_small",
+    "iresnet_small_narrow",
+    "iresnet_tiny",
     "mobilefacenet",
     "register_model",
     "vit_b",

@@ -95,6 +95,18 @@ def test_iresnet18_half_adds_one_identity_block_per_stage_to_iresnet_small():
 
 
 @pytest.mark.parametrize(
+    "name,widths",
+    [("iresnet_small_narrow", (24, 48, 96, 192)), ("iresnet_tiny", (16, 32, 64, 128))],
+)
+def test_narrower_compact_models_have_their_stated_widths(name, widths):
+    model = build_model(name, embedding_dim=256, input_size=64, in_channels=1)
+    stage_out = [stage[-1].residual[4].out_channels for stage in model.stages]
+    assert tuple(stage_out) == widths
+    assert model.head.fc.in_features == widths[-1] * 4 * 4  # 64 / 2⁴
+    assert complexity(model).macs == hook_macs(model, torch.empty(1, 1, 64, 64))
+
+
+@pytest.mark.parametrize(
     "name,input_size,feature_map",
     [("iresnet50", 112, (7, 7)), ("iresnet50", 96, (6, 6)), ("iresnet50", 28, (2, 2))],
 )
@@ -103,7 +115,15 @@ def test_final_feature_map_follows_input_size(name, input_size, feature_map):
     assert model.feature_map_size == feature_map
 
 
-SMALL_MODELS = ["iresnet18", "iresnet18_half", "iresnet_small", "mobilefacenet", "vit_t"]
+SMALL_MODELS = [
+    "iresnet18",
+    "iresnet18_half",
+    "iresnet_small",
+    "iresnet_small_narrow",
+    "iresnet_tiny",
+    "mobilefacenet",
+    "vit_t",
+]
 
 
 @pytest.mark.parametrize("name", SMALL_MODELS)

@@ -96,7 +96,7 @@ class JointBayesian:
 
 class AdaptiveScoreNorm:
     """Adaptive symmetric score normalisation (AS-norm; Matějka et al., "Analysis of Score
-    Normalization in Multilingual Speaker Recognition", Interspeech 2017, §2.2).
+    Normalization in Multilingual Speaker Recognition", Interspeech 2017: adaptive S-norm).
 
     With ``s`` the cosine of ``a`` and ``b``, and ``μ_a, σ_a`` the mean and standard deviation
     of the ``top_k`` largest cosines of ``a`` against a cohort of faces of other people,

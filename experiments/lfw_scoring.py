@@ -21,7 +21,7 @@ sources of ``recipe.pair_sources`` (threshold from the other fold):
 - ``joint bayesian``: the log-likelihood ratio of :class:`JointBayesian` on the normalised,
   centred embeddings;
 - ``wccn 1 + as-norm k images`` / ``k means``: the whitened cosine normalised against a cohort
-  of training faces (:class:`AdaptiveScoreNorm`): the whitened training images, or the 498
+  of training faces (:class:`AdaptiveScoreNorm`): the whitened training images, or the
   training people's mean directions.
 
 The printed table and the JSON list, per run and rule, the pair accuracy and ROC AUC.
@@ -106,7 +106,9 @@ class AdaptiveScoreNorm:
 
     def __init__(self, cohort: np.ndarray, top_k: int):
         cohort = np.asarray(cohort, dtype=np.float64)
-        if cohort.ndim != 2 or not 2 <= top_k <= len(cohort):
+        if cohort.ndim != 2:
+            raise ValueError(f"cohort must be (faces, dims), got shape {cohort.shape}")
+        if not 2 <= top_k <= len(cohort):
             raise ValueError(f"top_k must be in [2, {len(cohort)}] (the cohort size), got {top_k}")
         self.cohort = _unit64(cohort)
         self.top_k = int(top_k)
@@ -114,7 +116,14 @@ class AdaptiveScoreNorm:
     def _impostor_stats(self, unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cosines = unit @ self.cohort.T
         top = -np.partition(-cosines, self.top_k - 1, axis=1)[:, : self.top_k]
-        return top.mean(1), top.std(1)
+        sd = top.std(1)
+        if not (sd > 0).all():
+            faces = np.flatnonzero(~(sd > 0))[:5].tolist()
+            raise ValueError(
+                f"faces {faces}: their top_k = {self.top_k} cohort cosines are all equal "
+                "(a cohort of repeated faces?), so their scores cannot be normalised"
+            )
+        return top.mean(1), sd
 
     def score(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
         """``(P, d), (P, d) → (P,)`` normalised scores (float64)."""

@@ -83,11 +83,17 @@ def test_as_norm_is_the_symmetric_z_score_against_each_faces_closest_impostors()
     np.testing.assert_allclose(rescaled.score(2.0 * a, b), expected, rtol=1e-12)
 
 
-def test_as_norm_refuses_a_cohort_too_small_for_k():
+def test_as_norm_refuses_a_bad_cohort_or_k():
     with pytest.raises(ValueError, match=r"top_k must be in \[2, 3\]"):
         lfw_scoring.AdaptiveScoreNorm(np.eye(3), 4)
     with pytest.raises(ValueError, match="top_k"):
         lfw_scoring.AdaptiveScoreNorm(np.eye(3), 1)
+    with pytest.raises(ValueError, match=r"cohort must be \(faces, dims\), got shape \(3,\)"):
+        lfw_scoring.AdaptiveScoreNorm(np.ones(3), 2)
+    # a cohort of one face repeated: the z-score of every face is 0 / 0, refused, not NaN
+    repeated = lfw_scoring.AdaptiveScoreNorm(np.tile([[1.0, 2.0]], (4, 1)), 3)
+    with pytest.raises(ValueError, match=r"faces \[0, 1\]: their top_k = 3 cohort cosines"):
+        repeated.score(np.eye(2), np.eye(2))
 
 
 def test_cosine_and_whitening_rows_are_the_recipes_evaluation(shared_data, tmp_path):

@@ -17,6 +17,7 @@ default, the ``T²`` keeps gradient magnitudes independent of it).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import torch
@@ -199,6 +200,185 @@ class DistillationTerm:
         )
 
 
+def ensemble_relation_and_kl(
+    student: Tensor,
+    teacher_units: list[Tensor],
+    student_cos: Tensor,
+    teacher_cos: list[Tensor],
+    scale: float,
+    temperature: float = 1.0,
+) -> dict[str, Tensor]:
+    """``{"relation": mean_{i≠j} (ŝ_iᵀŝ_j − ḡ_ij)², "kl": mean_i KL(p̄_i ‖ p_s,i)}`` (fp32).
+
+    ``teacher_units[k]`` is teacher k's ``(B, d_k)`` unit embeddings of the batch; the target
+    cosine ``ḡ_ij = (1/K) Σ_k t̂_kiᵀ t̂_kj`` is the score of the K teachers as one ensemble of
+    concatenated normalised embeddings, so the teachers may embed in different spaces and
+    sizes. ``p̄ = (1/K) Σ_k softmax(scale · cos_k / T)`` averages the teachers' class
+    probabilities (Hinton, Vinyals & Dean, "Distilling the Knowledge in a Neural Network",
+    NIPS 2014 Deep Learning Workshop, section 2); the relation term matches pairwise
+    similarities rather than features (Park et al., "Relational Knowledge Distillation",
+    CVPR 2019; Tung & Mori, "Similarity-Preserving Knowledge Distillation", ICCV 2019).
+    Only ``student`` and ``student_cos`` carry gradient; a batch of one has no pairs
+    (relation 0).
+    """
+    if not teacher_units or len(teacher_units) != len(teacher_cos):
+        raise ValueError(
+            f"need one embedding and one cosine table per teacher, got {len(teacher_units)} "
+            f"and {len(teacher_cos)}"
+        )
+    for k, (units, cos) in enumerate(zip(teacher_units, teacher_cos, strict=True)):
+        if units.shape[0] != student.shape[0] or cos.shape != student_cos.shape:
+            raise ValueError(
+                f"teacher {k}: embeddings {tuple(units.shape)} and class cosines "
+                f"{tuple(cos.shape)} do not fit the student's {tuple(student.shape)} and "
+                f"{tuple(student_cos.shape)} (same samples, same classes)"
+            )
+    s_hat = F.normalize(_at_least_fp32(student), dim=1)
+    target = torch.stack([t.detach().float() @ t.detach().float().T for t in teacher_units])
+    target = target.mean(0)
+    b = s_hat.shape[0]
+    off_diagonal = ~torch.eye(b, dtype=torch.bool, device=s_hat.device)
+    diff = (s_hat @ s_hat.T - target)[off_diagonal]
+    relation = diff.square().mean() if b > 1 else s_hat.sum() * 0.0
+    log_p_s = F.log_softmax(scale * _at_least_fp32(student_cos) / temperature, dim=1)
+    log_p_k = torch.stack(
+        [F.log_softmax(scale * c.detach().float() / temperature, dim=1) for c in teacher_cos]
+    )
+    log_p_bar = torch.logsumexp(log_p_k, dim=0) - math.log(len(teacher_cos))
+    kl = F.kl_div(log_p_s, log_p_bar.to(log_p_s.dtype), log_target=True, reduction="batchmean")
+    return {"relation": relation, "kl": kl}
+
+
+class EnsembleDistillationTerm:
+    """Trainer extra loss distilling an ensemble of K teachers from targets computed once::
+
+        relation_weight · mean_{i≠j} (ŝ_iᵀŝ_j − ḡ_ij)² + kl_weight · T² · KL(p̄ ‖ p_s)
+
+    (:func:`ensemble_relation_and_kl`). The targets are the teachers' unit embeddings and
+    class cosines of every training sample, computed once on the un-augmented images
+    (:func:`ensemble_targets`) and looked up by the batch's dataset indices, so a step costs
+    no teacher forward pass; the student sees its augmented copy. Memory: ``N · (d_k + C)``
+    floats per teacher, meant for training sets that fit in memory (for large sets,
+    :class:`DistillationTerm` runs one teacher per step). The student's class cosines use
+    a detached copy of its head's current centers (the head's own loss moves them), at the
+    student margin's ``scale`` and without margin.
+
+    Args:
+        teacher_units: K tensors ``(N, d_k)``, unit rows, indexed like the training set.
+        teacher_cosines: K tensors ``(N, C)``: each teacher's class cosines (max over its
+            sub-centers) of each sample, over the student's C classes in the same order.
+        relation_weight: default 100 (the relation term's squared cosine errors are small:
+            about 0.01 per pair once training has started).
+        kl_weight: default 1.0.
+        temperature: default 1.0.
+    """
+
+    name = "ensemble_distill"
+
+    def __init__(
+        self,
+        teacher_units: list[Tensor],
+        teacher_cosines: list[Tensor],
+        relation_weight: float = 100.0,
+        kl_weight: float = 1.0,
+        temperature: float = 1.0,
+    ):
+        if not teacher_units or len(teacher_units) != len(teacher_cosines):
+            raise ValueError(
+                f"need one embedding table and one cosine table per teacher, got "
+                f"{len(teacher_units)} and {len(teacher_cosines)}"
+            )
+        n = teacher_units[0].shape[0]
+        for k, (units, cos) in enumerate(zip(teacher_units, teacher_cosines, strict=True)):
+            if units.ndim != 2 or cos.ndim != 2 or units.shape[0] != n or cos.shape[0] != n:
+                raise ValueError(
+                    f"teacher {k}: embeddings {tuple(units.shape)} and cosines "
+                    f"{tuple(cos.shape)} must be (N, d) and (N, C) with the N = {n} samples "
+                    "of teacher 0"
+                )
+        for name, value, low_open in (
+            ("relation_weight", relation_weight, False),
+            ("kl_weight", kl_weight, False),
+            ("temperature", temperature, True),
+        ):
+            if not math.isfinite(value) or value < 0 or (low_open and value == 0):
+                bound = "> 0" if low_open else ">= 0"
+                raise ValueError(f"{name} must be a finite number {bound}, got {value}")
+        self.teacher_units = [F.normalize(u.detach().float(), dim=1) for u in teacher_units]
+        self.teacher_cosines = [c.detach().float() for c in teacher_cosines]
+        self.relation_weight = float(relation_weight)
+        self.kl_weight = float(kl_weight)
+        self.temperature = float(temperature)
+
+    def __call__(self, ctx):
+        from partialfc.losses.subcenter import max_over_subcenters
+        from partialfc.train.extra_losses import LossTerm
+
+        if ctx.indices is None:
+            raise ValueError("ensemble distillation needs the batch's dataset indices")
+        head = ctx.head
+        student_centers, margin = head.class_centers(), head.angular_margin()
+        if student_centers is None or margin is None:
+            raise ValueError(
+                f"distillation needs a student head with class centers and an angular margin "
+                f"(head.kind=partial_fc or margin_softmax), got {type(head).__name__}"
+            )
+        device = ctx.embeddings.device
+        rows = ctx.indices.to(torch.long).cpu()
+        units = [u[rows].to(device) for u in self.teacher_units]
+        cosines = [c[rows].to(device) for c in self.teacher_cosines]
+        with torch.no_grad():
+            student_centers = F.normalize(student_centers.to(device).float(), dim=1)
+        student_cos = F.normalize(ctx.embeddings, dim=1) @ student_centers.T
+        if head.num_subcenters > 1:
+            student_cos = max_over_subcenters(student_cos, head.num_subcenters)[0]
+        t = ensemble_relation_and_kl(
+            ctx.embeddings, units, student_cos, cosines, margin.scale, self.temperature
+        )
+        loss = self.relation_weight * t["relation"] + self.kl_weight * self.temperature**2 * t["kl"]
+        return LossTerm(
+            loss,
+            {
+                "relation": float(t["relation"].detach()),
+                "kl": float(t["kl"].detach()),
+                "loss": float(loss.detach()),
+            },
+        )
+
+
+def ensemble_targets(
+    specs: list[str], images, batch_size: int = 256, device="cpu"
+) -> tuple[list[Tensor], list[Tensor], list[dict]]:
+    """Teachers (run folders or checkpoints) → their unit embeddings ``(N, d_k)`` and class
+    cosines ``(N, C)`` of uint8 ``images`` (``(N, H, W[, C])``: the training set, un-augmented,
+    in dataset order), and each teacher's :func:`load_teacher` info. A teacher trained at
+    another input size, or teachers with different numbers of classes, are refused."""
+    from partialfc.backbone.embedding import embed_array
+    from partialfc.losses.subcenter import max_over_subcenters
+
+    units, cosines, infos = [], [], []
+    height, width = images.shape[1:3]
+    for spec in specs:
+        backbone, centers, subcenters, info = load_teacher(spec, device)
+        size = info["model"].get("kwargs", {}).get("input_size")
+        if size is not None and (size, size) != (height, width):
+            raise ValueError(
+                f"teacher {spec}: trained at {size}x{size}, the images are {height}x{width}"
+            )
+        raw = torch.from_numpy(embed_array(backbone, images, batch_size, device))
+        unit = F.normalize(raw, dim=1)
+        cos = unit @ F.normalize(centers.detach().float().cpu(), dim=1).T
+        if subcenters > 1:
+            cos = max_over_subcenters(cos, subcenters)[0]
+        units.append(unit)
+        cosines.append(cos)
+        infos.append(info)
+    classes = {c.shape[1] for c in cosines}
+    if len(classes) > 1:
+        raise ValueError(f"teachers {specs} have different numbers of classes: {sorted(classes)}")
+    return units, cosines, infos
+
+
 def load_teacher(spec: str, device="cpu") -> tuple[nn.Module, Tensor, int, dict]:
     """A training run folder or checkpoint → ``(backbone, centers, num_subcenters, meta)``.
 
@@ -286,7 +466,10 @@ def run(args: argparse.Namespace) -> int:
 __all__ = [
     "DistillationLoss",
     "DistillationTerm",
+    "EnsembleDistillationTerm",
     "add_arguments",
+    "ensemble_relation_and_kl",
+    "ensemble_targets",
     "feature_and_kl",
     "load_teacher",
     "run",

@@ -399,7 +399,11 @@ class Trainer:
                     embeddings = scale_gradient(
                         embeddings, self.scaler.scale(torch.ones((), device=device))
                     )
-                loss = self._total_loss(StepContext(x, embeddings, labels, self.head, self.step))
+                loss = self._total_loss(
+                    StepContext(
+                        x, embeddings, labels, self.head, self.step, torch.as_tensor(indices)
+                    )
+                )
                 if not all_true(bool(torch.isfinite(loss.detach()).item()), self.ctx):
                     self._skip_step(indices)
                     return None

@@ -28,6 +28,7 @@ class StepContext:
     labels: Tensor  # (B,) long
     head: object  # the loss head (Head: class_centers(), angular_margin(); never its forward)
     step: int  # optimizer steps already taken
+    indices: Tensor | None = None  # (B,) long: the samples' dataset indices (per-sample targets)
 
 
 @dataclass

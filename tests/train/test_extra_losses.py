@@ -137,3 +137,35 @@ def test_pk_batches_cover_p_identities_and_resume_mid_epoch():
 def test_bad_loss_and_batch_combinations_are_named_errors(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         tiny_config(tmp_path, "data.batch_size=64", *overrides)
+
+
+class _IndexRecorder:
+    name = "indices"
+
+    def __init__(self):
+        self.batches = []
+
+    def __call__(self, ctx):
+        self.batches.append((ctx.indices.clone(), ctx.labels.clone(), ctx.images.clone()))
+        return LossTerm(ctx.embeddings.sum() * 0.0)
+
+
+def test_terms_receive_the_dataset_indices_of_the_batch(tmp_path):
+    cfg = tiny_config(tmp_path, "data.batch_size=25", "train.epochs=1")
+    data = omniglot_subset(5)  # 100 drawings: 4 steps
+    recorder = _IndexRecorder()
+    trainer = Trainer(
+        cfg,
+        backbone=tiny_backbone(0),
+        model_config=TINY_MODEL_CONFIG,
+        train_set=data,
+        extra_losses=[recorder],
+    )
+    trainer.fit()
+    assert len(recorder.batches) == 4
+    seen = torch.cat([indices for indices, _, _ in recorder.batches])
+    assert sorted(seen.tolist()) == list(range(100))  # one epoch: every drawing once
+    for indices, labels, images in recorder.batches:
+        assert torch.equal(labels, torch.from_numpy(data.labels[indices.numpy()]))
+        pixels = torch.from_numpy(data.images[indices.numpy()]).float()
+        assert torch.allclose(images[:, 0], (pixels / 255 - 0.5) / 0.5)  # no augmentation here

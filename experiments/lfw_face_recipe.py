@@ -635,11 +635,20 @@ def headline(metrics: dict, source: str) -> str:
 # ---------------------------------------------------------------------------- driver
 
 
-def build_trainer(recipe: RecipeConfig, cfg, split: LfwSplit, run_dir: Path | None = None):
+def build_trainer(
+    recipe: RecipeConfig,
+    cfg,
+    split: LfwSplit,
+    run_dir: Path | None = None,
+    distillation: Distillation | None = None,
+):
     """A :class:`partialfc.train.engine.Trainer` on the split's training images.
 
     The margin warm-up given in epochs (``recipe.margin_warmup_epochs`` / ``_ramp_epochs``) is
-    turned into the engine's ``head.margin.warmup_steps`` / ``ramp_steps``.
+    turned into the engine's ``head.margin.warmup_steps`` / ``ramp_steps``. With
+    ``distillation``, the student also learns the teachers' pairwise cosines and averaged
+    class probabilities on the same training images
+    (:class:`partialfc.tools.distillation.EnsembleDistillationTerm`).
     """
     from partialfc.data.datasets import ArrayDataset
     from partialfc.train.engine import Trainer, steps_per_epoch
@@ -649,7 +658,31 @@ def build_trainer(recipe: RecipeConfig, cfg, split: LfwSplit, run_dir: Path | No
     steps = steps_per_epoch(len(train_set), cfg.data.batch_size, cfg.data.drop_last)  # one rank
     cfg.head.margin.warmup_steps = round(recipe.margin_warmup_epochs * steps)
     cfg.head.margin.ramp_steps = round(recipe.margin_ramp_epochs * steps)
-    return Trainer(cfg, train_set=train_set, run_dir=run_dir)
+    extra_losses = []
+    if distillation is not None:
+        extra_losses.append(distillation.term(images, split.num_classes))
+    return Trainer(cfg, train_set=train_set, run_dir=run_dir, extra_losses=extra_losses)
+
+
+@dataclass
+class Distillation:
+    """Teachers (run folders or checkpoints trained on the same split and classes) and the
+    weights of :class:`partialfc.tools.distillation.EnsembleDistillationTerm`."""
+
+    teachers: list[str]
+    relation_weight: float = 100.0
+    kl_weight: float = 1.0
+
+    def term(self, images: np.ndarray, num_classes: int):
+        from partialfc.tools.distillation import EnsembleDistillationTerm, ensemble_targets
+
+        units, cosines, _ = ensemble_targets(self.teachers, images)
+        if cosines[0].shape[1] != num_classes:
+            raise ValueError(
+                f"teachers {self.teachers} have {cosines[0].shape[1]} classes, the student's "
+                f"split {num_classes}: train them on the same recipe folds"
+            )
+        return EnsembleDistillationTerm(units, cosines, self.relation_weight, self.kl_weight)
 
 
 def _atomic_write_json(path: Path, data: dict) -> None:
@@ -658,9 +691,9 @@ def _atomic_write_json(path: Path, data: dict) -> None:
     atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
-def run(recipe: RecipeConfig, cfg) -> dict:
-    """Train, validate (when there are validation folds), export (when asked); returns and
-    writes ``<run>/recipe_result.json``."""
+def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> dict:
+    """Train (with ``distillation``: as the student of its teachers), validate (when there are
+    validation folds), export (when asked); returns and writes ``<run>/recipe_result.json``."""
     t0 = time.perf_counter()
     split = build_split(recipe)
     split_seconds = time.perf_counter() - t0  # reading, converting and aligning the images
@@ -670,7 +703,7 @@ def run(recipe: RecipeConfig, cfg) -> dict:
         f"({len(split.val_images)} images), pairs: {len(split.pairs) if split.pairs else 0}",
         flush=True,
     )
-    trainer = build_trainer(recipe, cfg, split)
+    trainer = build_trainer(recipe, cfg, split, distillation=distillation)
     t_train = time.perf_counter()
     fit = trainer.fit()
     train_seconds = time.perf_counter() - t_train
@@ -685,6 +718,8 @@ def run(recipe: RecipeConfig, cfg) -> dict:
         "final_loss": float(np.nanmean(fit.losses[-20:])) if fit.losses else None,
         "checkpoint": str(fit.last_checkpoint),
     }
+    if distillation is not None:
+        result["distillation"] = asdict(distillation)
     from partialfc.backbone.embedding import embed_array
 
     backbone = trainer.backbone
@@ -813,6 +848,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", help="with --evaluate: write the metrics to this JSON file")
     parser.add_argument(
+        "--teachers",
+        nargs="+",
+        metavar="MODEL",
+        help="train as the student of these runs (same recipe folds): their pairwise cosines "
+        "and averaged class probabilities on the training images join the loss",
+    )
+    parser.add_argument(
+        "--relation-weight", type=float, default=100.0, help="with --teachers; default 100"
+    )
+    parser.add_argument("--kl-weight", type=float, default=1.0, help="with --teachers; default 1")
+    parser.add_argument(
         "--shift-average",
         type=int,
         default=0,
@@ -825,6 +871,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shift-average must be >= 0 pixels, got {args.shift_average}")
     if args.shift_average and not args.evaluate:
         parser.error("--shift-average applies to --evaluate only")
+    if args.teachers and args.evaluate:
+        parser.error("--teachers trains a student; it does not combine with --evaluate")
+    for name in ("relation_weight", "kl_weight"):
+        value = getattr(args, name)
+        if not np.isfinite(value) or value < 0:
+            parser.error(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
     recipe, cfg = load_recipe(args.config, args.set)
     from partialfc.train.threads import apply_num_threads
 
@@ -836,7 +888,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             _atomic_write_json(Path(args.out), result)
         return 0
-    run(recipe, cfg)
+    distillation = None
+    if args.teachers:
+        distillation = Distillation(args.teachers, args.relation_weight, args.kl_weight)
+    run(recipe, cfg, distillation)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -340,9 +341,12 @@ def test_shift_averaging_is_the_mean_of_five_moved_copies(tmp_path):
     [
         (["--evaluate", "m", "--shift-average", "-1"], "must be >= 0 pixels"),
         (["--shift-average", "2"], "--evaluate only"),
+        (["--evaluate", "m", "--teachers", "t"], "does not combine with --evaluate"),
+        (["--teachers", "t", "--relation-weight", "-1"], "--relation-weight must be a finite"),
+        (["--teachers", "t", "--kl-weight", "nan"], "--kl-weight must be a finite number >= 0"),
     ],
 )
-def test_shift_average_flag_refuses_bad_use(argv, message, capsys, monkeypatch):
+def test_flags_refuse_bad_use(argv, message, capsys, monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("the flag was accepted")
 
@@ -351,3 +355,43 @@ def test_shift_average_flag_refuses_bad_use(argv, message, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         recipe_mod.main(["--config", "configs/lfw_dev_val.yaml", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_student_of_trained_runs_logs_the_ensemble_terms(shared_data, tmp_path):
+    teachers = []
+    for seed in (0, 1):
+        recipe, cfg = _val_recipe(
+            shared_data,
+            *TINY_RUN,
+            "train.epochs=1",
+            f"train.seed={seed}",
+            f"run.output_dir={tmp_path}",
+            f"run.name=teacher{seed}",
+        )
+        split = recipe_mod.build_split(recipe)
+        recipe_mod.build_trainer(recipe, cfg, split).fit()
+        teachers.append(str(tmp_path / f"teacher{seed}"))
+    recipe, cfg = _val_recipe(
+        shared_data,
+        *TINY_RUN,
+        "train.epochs=2",
+        "train.log_every=1",
+        f"run.output_dir={tmp_path}",
+        "run.name=student",
+    )
+    distillation = recipe_mod.Distillation(teachers, relation_weight=50.0, kl_weight=0.5)
+    trainer = recipe_mod.build_trainer(recipe, cfg, split, distillation=distillation)
+    result = trainer.fit()
+    assert result.steps == 4
+    records = [json.loads(line) for line in (tmp_path / "student" / "metrics.jsonl").open()]
+    terms = [r["terms"] for r in records if r["kind"] == "train"]
+    assert len(terms) == 4
+    for t in terms:
+        part = t["ensemble_distill"]
+        assert part["loss"] == pytest.approx(50.0 * part["relation"] + 0.5 * part["kl"], rel=1e-5)
+        assert part["relation"] > 0 and part["kl"] > 0
+    mismatched = recipe_mod.Distillation(teachers)
+    with pytest.raises(ValueError, match="trained at 32x32, the images are 40x40"):
+        mismatched.term(recipe_mod.resize_to(split.train_images, 40), split.num_classes)
+    with pytest.raises(ValueError, match="classes, the student's split 3"):
+        mismatched.term(recipe_mod.resize_to(split.train_images, 32), 3)

@@ -128,6 +128,26 @@ class DistillationLoss(nn.Module):
         )
 
 
+def _student_class_cosines(ctx) -> tuple[Tensor, float]:
+    """The student's ``(B, C)`` class cosines against a detached copy of its head's current
+    centers (max over sub-centers), and its margin's scale; refuses heads without both."""
+    from partialfc.losses.subcenter import max_over_subcenters
+
+    head = ctx.head
+    centers, margin = head.class_centers(), head.angular_margin()
+    if centers is None or margin is None:
+        raise ValueError(
+            f"distillation needs a student head with class centers and an angular margin "
+            f"(head.kind=partial_fc or margin_softmax), got {type(head).__name__}"
+        )
+    with torch.no_grad():
+        centers = F.normalize(centers.to(ctx.embeddings.device).float(), dim=1)
+    cos = F.normalize(ctx.embeddings, dim=1) @ centers.T
+    if head.num_subcenters > 1:
+        cos = max_over_subcenters(cos, head.num_subcenters)[0]
+    return cos, margin.scale
+
+
 # ---------------------------------------------------------------------- in the Trainer
 class DistillationTerm:
     """Trainer extra loss: ``feature_weight · ‖ŝ − t̂‖² + kl_weight · T² · KL(p_t ‖ p_s)``.
@@ -167,27 +187,16 @@ class DistillationTerm:
         self.temperature = float(temperature)
 
     def __call__(self, ctx):
-        from partialfc.losses.subcenter import max_over_subcenters
         from partialfc.train.extra_losses import LossTerm
 
-        head = ctx.head
-        student_centers, margin = head.class_centers(), head.angular_margin()
-        if student_centers is None or margin is None:
-            raise ValueError(
-                f"distillation needs a student head with class centers and an angular margin "
-                f"(head.kind=partial_fc or margin_softmax), got {type(head).__name__}"
-            )
+        student_cos, scale = _student_class_cosines(ctx)
         with torch.no_grad():
             device = ctx.images.device
             teacher = self.teacher.to(device)(ctx.images).float()
-            student_centers = F.normalize(student_centers.to(device), dim=1)
         self.teacher_centers = self.teacher_centers.to(device)
-        student_cos = F.normalize(ctx.embeddings, dim=1) @ student_centers.T
-        if head.num_subcenters > 1:
-            student_cos = max_over_subcenters(student_cos, head.num_subcenters)[0]
         teacher_cos = _teacher_cosines(teacher, self.teacher_centers, self.teacher_subcenters)
         t = feature_and_kl(
-            ctx.embeddings, teacher, student_cos, teacher_cos, margin.scale, self.temperature
+            ctx.embeddings, teacher, student_cos, teacher_cos, scale, self.temperature
         )
         loss = self.feature_weight * t["feature"] + self.kl_weight * self.temperature**2 * t["kl"]
         return LossTerm(
@@ -311,29 +320,17 @@ class EnsembleDistillationTerm:
         self.temperature = float(temperature)
 
     def __call__(self, ctx):
-        from partialfc.losses.subcenter import max_over_subcenters
         from partialfc.train.extra_losses import LossTerm
 
         if ctx.indices is None:
             raise ValueError("ensemble distillation needs the batch's dataset indices")
-        head = ctx.head
-        student_centers, margin = head.class_centers(), head.angular_margin()
-        if student_centers is None or margin is None:
-            raise ValueError(
-                f"distillation needs a student head with class centers and an angular margin "
-                f"(head.kind=partial_fc or margin_softmax), got {type(head).__name__}"
-            )
+        student_cos, scale = _student_class_cosines(ctx)
         device = ctx.embeddings.device
         rows = ctx.indices.to(torch.long).cpu()
         units = [u[rows].to(device) for u in self.teacher_units]
         cosines = [c[rows].to(device) for c in self.teacher_cosines]
-        with torch.no_grad():
-            student_centers = F.normalize(student_centers.to(device).float(), dim=1)
-        student_cos = F.normalize(ctx.embeddings, dim=1) @ student_centers.T
-        if head.num_subcenters > 1:
-            student_cos = max_over_subcenters(student_cos, head.num_subcenters)[0]
         t = ensemble_relation_and_kl(
-            ctx.embeddings, units, student_cos, cosines, margin.scale, self.temperature
+            ctx.embeddings, units, student_cos, cosines, scale, self.temperature
         )
         loss = self.relation_weight * t["relation"] + self.kl_weight * self.temperature**2 * t["kl"]
         return LossTerm(

@@ -102,6 +102,13 @@ class RecipeConfig:
     # of the within-class covariance's mean eigenvalue
     whiten: bool = False
     whiten_regularization: float = 1.0
+    # fuse the model with a hand-crafted descriptor learned on the same training images:
+    # multi-scale uniform-LBP histograms, PCA to lbp_components dimensions and WCCN with ridge
+    # lbp_regularization (partialfc.models.lbp); the evaluated score is the cosine of
+    # [ê_model, √w·ê_lbp], i.e. (cos_model + w·cos_lbp) / (1 + w) with w = lbp_weight (0 = off)
+    lbp_weight: float = 0.0
+    lbp_components: int = 1600
+    lbp_regularization: float = 0.3
     max_train_images: int = 0  # keep only the first N training images (0 = all; tests)
     export: bool = False  # export the trained backbone (ONNX + safetensors + spec)
 
@@ -130,6 +137,22 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
         WithinClassWhitening(recipe.whiten_regularization)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{source}: recipe.whiten_regularization: {err}") from None
+    try:
+        lbp_weight = float(recipe.lbp_weight)
+    except (TypeError, ValueError):
+        lbp_weight = float("nan")
+    if not np.isfinite(lbp_weight) or lbp_weight < 0:
+        raise ValueError(
+            f"{source}: recipe.lbp_weight must be finite and >= 0, got {recipe.lbp_weight}"
+        )
+    from partialfc.models.lbp import LbpWccnEmbedder
+
+    try:
+        LbpWccnEmbedder(
+            num_components=recipe.lbp_components, regularization=recipe.lbp_regularization
+        )
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{source}: recipe.lbp_components / lbp_regularization: {err}") from None
     return recipe
 
 
@@ -620,6 +643,47 @@ def evaluate_validation(
     return result
 
 
+def fit_lbp(split: LfwSplit, recipe: RecipeConfig):
+    """:class:`partialfc.models.lbp.LbpWccnEmbedder` fitted on the split's training images (the
+    96×96 crops, aligned as the recipe says) with the recipe's components and ridge."""
+    from partialfc.models.lbp import LbpWccnEmbedder
+
+    embedder = LbpWccnEmbedder(
+        num_components=recipe.lbp_components, regularization=recipe.lbp_regularization
+    )
+    return embedder.fit(split.train_images, split.train_labels)
+
+
+def evaluate_fused(embed_fn, input_size: int, lbp, split: LfwSplit, recipe: RecipeConfig) -> dict:
+    """Validation metrics of the model (``embed_fn`` on images resized to ``input_size``, with
+    the recipe's flip test), of the ``lbp`` embedder alone, and of the two fused with weight
+    ``recipe.lbp_weight`` (the cosine of ``[ê_model, √w·ê_lbp]``): keys ``model_cnn``, ``lbp``
+    and ``model_fused``."""
+    from partialfc.eval import flip_horizontal, l2_normalize
+    from partialfc.models.lbp import fuse_embeddings
+
+    pair_sets = {s: pair_images(recipe, split, s) for s in recipe.pair_sources}
+    colour_images = pair_sets["colour"].images if "colour" in pair_sets else split.val_images[:1]
+
+    def model_part(images: np.ndarray) -> np.ndarray:
+        x = resize_to(images, input_size)
+        raw = embed_raw(embed_fn, x)
+        if recipe.flip_test:
+            raw = raw + embed_raw(embed_fn, np.ascontiguousarray(flip_horizontal(x)))
+        return l2_normalize(raw)
+
+    model = [model_part(split.val_images), model_part(colour_images)]
+    descriptor = [l2_normalize(lbp(split.val_images)), l2_normalize(lbp(colour_images))]
+    fused = [
+        fuse_embeddings(m, d, recipe.lbp_weight) for m, d in zip(model, descriptor, strict=True)
+    ]
+    return {
+        "model_cnn": evaluate_embeddings(*model, split, pair_sets),
+        "lbp": evaluate_embeddings(*descriptor, split, pair_sets),
+        "model_fused": evaluate_embeddings(*fused, split, pair_sets),
+    }
+
+
 def headline(metrics: dict, source: str) -> str:
     pairs = metrics[f"pairs_{source}"]
     ava = metrics["all_vs_all"]["tar@far=0.001"]
@@ -732,6 +796,15 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
             "regularization": recipe.whiten_regularization,
             "fitted_on_images": int(len(split.train_images)),
         }
+    lbp = None
+    if recipe.lbp_weight > 0:
+        t_lbp = time.perf_counter()
+        lbp = fit_lbp(split, recipe)
+        result["lbp"] = {
+            "path": str(lbp.save(trainer.run_dir / "lbp_wccn.npz")),
+            "fit_seconds": time.perf_counter() - t_lbp,
+            "weight": recipe.lbp_weight,
+        }
     if recipe.val_folds:
 
         def embed_fn(images):  # what is exported: the whitened backbone when whitening
@@ -742,8 +815,11 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
             metrics["model_unwhitened"] = evaluate_validation(
                 trainer.embed_fn(), split, recipe, cfg.data.input_size, baseline=False
             )["model"]
-        result["validation"] = metrics
         names = ("model", "model_no_flip", "raw_pixels") + ("model_unwhitened",) * recipe.whiten
+        if lbp is not None:
+            metrics.update(evaluate_fused(embed_fn, cfg.data.input_size, lbp, split, recipe))
+            names += ("lbp", "model_fused")
+        result["validation"] = metrics
         for name in names:
             print(f"{name:16s} {headline(metrics[name], recipe.val_images)}", flush=True)
     if recipe.export:
@@ -755,6 +831,8 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
             spec = replace(spec, alignment_landmarks=frame)
         exported = export_backbone(backbone, spec, trainer.run_dir / "export")
         result["export"] = exported.to_dict()
+        if lbp is not None:  # fused at test time: fuse_embeddings(onnx(x_64), lbp(x_96), w)
+            result["export"]["lbp"] = str(lbp.save(exported.onnx_path.parent / "lbp_wccn.npz"))
         print(
             f"exported to {exported.onnx_path} (onnxruntime vs torch: {exported.max_abs_diff:.2g})"
         )
@@ -818,7 +896,11 @@ def evaluate_models(
     whitening_split = split if recipe.whiten else None
     embed, size = ensemble_embed(model_paths, whitening_split, recipe, shift_average_px)
     metrics = evaluate_validation(embed, split, recipe, size, baseline=False)
-    for name in ("model", "model_no_flip"):
+    names = ("model", "model_no_flip")
+    if recipe.lbp_weight > 0:
+        metrics.update(evaluate_fused(embed, size, fit_lbp(split, recipe), split, recipe))
+        names += ("lbp", "model_fused")
+    for name in names:
         print(f"{name:14s} {headline(metrics[name], recipe.val_images)}", flush=True)
     models = [str(p) for p in model_paths]
     return {

@@ -131,6 +131,11 @@ def test_overlapping_split_is_refused(shared_data):
         ("recipe.whiten_regularization=.nan", "whiten_regularization"),
         ("recipe.whiten_regularization=strong", "whiten_regularization"),
         ("recipe.val_folds=[0]", "fold 0"),
+        ("recipe.lbp_weight=-1", "lbp_weight"),
+        ("recipe.lbp_weight=.nan", "lbp_weight"),
+        ("recipe.lbp_weight=much", "lbp_weight"),
+        ("recipe.lbp_components=0", "lbp_components"),
+        ("recipe.lbp_regularization=-0.5", "lbp_regularization"),
         ("recipe.whitening=true", "unknown recipe key"),
     ],
 )
@@ -265,6 +270,99 @@ def test_a_model_twice_scores_as_the_model_alone(shared_data, tmp_path):
     whitened_twice = recipe_mod.evaluate_models(recipe, [model, model])["model"]["pairs_grey"]
     assert whitened_twice["auc"] == pytest.approx(whitened_alone)
     assert whitened_alone != pytest.approx(alone["model"]["pairs_grey"]["auc"], abs=1e-4)
+
+
+def test_fused_score_is_the_weighted_mean_of_the_two_cosines(shared_data, tmp_path):
+    from sklearn.metrics import roc_auc_score
+
+    from partialfc.deploy import Embedder
+
+    recipe, _ = _val_recipe(shared_data, "recipe.pair_sources=[grey]", "recipe.lbp_weight=3")
+    split = recipe_mod.build_split(recipe)
+    model = _saved_model(tmp_path / "m", 0)
+    descriptor = recipe_mod.raw_pixel_embed(split.val_images)  # stands in for the LBP embedder
+    embedder = Embedder.load(model)
+    got = recipe_mod.evaluate_fused(embedder.embed_raw, 32, descriptor, split, recipe)
+    # independently: each image's two unit vectors, the pair score (cos_m + 3·cos_d) / 4
+    pairs = recipe_mod.pair_images(recipe, split, "grey")
+    x = recipe_mod.resize_to(split.val_images, 32)
+    m = embedder.embed_raw(x) + embedder.embed_raw(np.ascontiguousarray(x[:, :, ::-1]))
+    m /= np.linalg.norm(m, axis=1, keepdims=True)
+    d = descriptor(split.val_images)
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    cos_m = np.sum(m[pairs.first] * m[pairs.second], axis=1)
+    cos_d = np.sum(d[pairs.first] * d[pairs.second], axis=1)
+    same = split.pairs.issame[pairs.keep]
+    for key, scores in (("model_cnn", cos_m), ("lbp", cos_d), ("model_fused", cos_m + 3 * cos_d)):
+        assert got[key]["pairs_grey"]["auc"] == pytest.approx(roc_auc_score(same, scores))
+    alone = recipe_mod.evaluate_validation(embedder.embed_raw, split, recipe, 32, baseline=False)
+    cnn, recipe_cnn = got["model_cnn"]["pairs_grey"], alone["model"]["pairs_grey"]
+    assert cnn["auc"] == pytest.approx(recipe_cnn["auc"])  # the recipe's flip-test embedding
+    assert cnn["accuracy"]["mean"] == pytest.approx(recipe_cnn["accuracy"]["mean"])
+    assert roc_auc_score(same, cos_d) > roc_auc_score(same, cos_m)  # the fusion is not one part
+    assert got["model_fused"]["pairs_grey"]["auc"] not in (
+        pytest.approx(roc_auc_score(same, cos_m)),
+        pytest.approx(roc_auc_score(same, cos_d)),
+    )
+
+
+def _small_lbp_fits(monkeypatch) -> list:
+    """Make the recipe fit its LBP embedder on a grid small enough for a test; returns the
+    list the fitted embedders are appended to."""
+    from partialfc.models.lbp import LbpGrid, LbpWccnEmbedder
+
+    fitted = []
+
+    def small_fit_lbp(split, recipe):
+        embedder = LbpWccnEmbedder(LbpGrid((24,), (1,), 8, 8), recipe.lbp_components)
+        fitted.append(embedder.fit(split.train_images, split.train_labels))
+        return fitted[-1]
+
+    monkeypatch.setattr(recipe_mod, "fit_lbp", small_fit_lbp)
+    return fitted
+
+
+def test_final_run_with_lbp_fusion_exports_the_lbp_embedder(shared_data, tmp_path, monkeypatch):
+    from partialfc.models.lbp import LbpWccnEmbedder
+
+    fitted = _small_lbp_fits(monkeypatch)
+    recipe, result = _tiny_final_run(
+        shared_data, tmp_path, "recipe.lbp_weight=3", "recipe.lbp_components=8"
+    )
+    export = tmp_path / "lfw_dev_final" / "export"
+    assert result["export"]["lbp"] == str(export / "lbp_wccn.npz")
+    assert result["lbp"]["weight"] == 3 and len(fitted) == 1
+    images = recipe_mod.build_split(recipe).train_images[:4]
+    exported = LbpWccnEmbedder.load(export / "lbp_wccn.npz")
+    np.testing.assert_array_equal(exported(images), fitted[0](images))
+
+
+def test_validation_run_with_lbp_fusion_saves_and_reports_it(shared_data, tmp_path, monkeypatch):
+    from partialfc.models.lbp import LbpWccnEmbedder
+
+    fitted = _small_lbp_fits(monkeypatch)
+    recipe, cfg = _val_recipe(
+        shared_data,
+        *TINY_RUN,
+        "train.epochs=1",
+        "recipe.pair_sources=[grey]",
+        "recipe.lbp_weight=2",
+        "recipe.lbp_components=8",
+        "recipe.whiten=true",  # the fused model is the whitened one, as in "model"
+        f"run.output_dir={tmp_path}",
+    )
+    result = recipe_mod.run(recipe, cfg)
+    assert result["lbp"]["weight"] == 2 and len(fitted) == 1
+    saved = LbpWccnEmbedder.load(result["lbp"]["path"])
+    images = recipe_mod.build_split(recipe).val_images[:5]
+    np.testing.assert_array_equal(saved(images), fitted[0](images))
+    validation = result["validation"]
+    cnn, model = validation["model_cnn"]["pairs_grey"], validation["model"]["pairs_grey"]
+    assert cnn["auc"] == pytest.approx(model["auc"])
+    assert cnn["accuracy"]["mean"] == pytest.approx(model["accuracy"]["mean"])
+    fused_auc = validation["model_fused"]["pairs_grey"]["auc"]
+    assert fused_auc != pytest.approx(validation["model"]["pairs_grey"]["auc"], abs=1e-4)
+    assert fused_auc != pytest.approx(validation["lbp"]["pairs_grey"]["auc"], abs=1e-4)
 
 
 def test_normalised_cross_correlation_is_the_pixels_pearson_r():

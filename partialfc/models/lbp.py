@@ -180,20 +180,30 @@ class LbpWccnEmbedder:
         return h
 
     def fit(self, images: np.ndarray, labels: np.ndarray) -> LbpWccnEmbedder:
-        """Learn ``μ``, ``C`` (exact PCA through the ``N × N`` Gram matrix) and ``P`` from training
-        faces and their identity labels; needs more images than components and at least one
-        identity with two images."""
-        from partialfc.eval.whitening import WithinClassWhitening
-
+        """Learn ``μ``, ``C`` and ``P`` from training faces and their identity labels
+        (:meth:`fit_descriptors` of their :meth:`descriptor`)."""
         labels = np.asarray(labels)
         if labels.shape != (len(images),):
             raise ValueError(f"labels must be ({len(images)},), got shape {labels.shape}")
-        if self.num_components >= len(images):
+        return self.fit_descriptors(self.descriptor(images), labels)
+
+    def fit_descriptors(self, descriptors: np.ndarray, labels: np.ndarray) -> LbpWccnEmbedder:
+        """:meth:`fit` from precomputed ``(N, D)`` descriptors (e.g. to try several component
+        counts or ridges on one set): exact PCA through the ``N × N`` Gram matrix, then WCCN;
+        needs more descriptors than components and one identity with two of them."""
+        from partialfc.eval.whitening import WithinClassWhitening
+
+        h = np.asarray(descriptors, dtype=np.float64)
+        labels = np.asarray(labels)
+        if h.ndim != 2 or labels.shape != (len(h),):
+            raise ValueError(
+                f"descriptors must be (N, D) with labels (N,), got {h.shape} and {labels.shape}"
+            )
+        if self.num_components >= len(h):
             raise ValueError(
                 f"num_components ({self.num_components}) must be below the number of training "
-                f"images ({len(images)})"
+                f"images ({len(h)})"
             )
-        h = self.descriptor(images).astype(np.float64)
         mean = h.mean(axis=0)
         centred = h - mean
         eigenvalues, vectors = np.linalg.eigh(centred @ centred.T)  # ascending
@@ -208,17 +218,24 @@ class LbpWccnEmbedder:
         self.projection = (axes @ whitening.projection).astype(np.float32)
         return self
 
-    def __call__(self, images: np.ndarray) -> np.ndarray:
+    def project(self, descriptors: np.ndarray) -> np.ndarray:
+        """The embedding of precomputed :meth:`descriptor` output: ``(h − μ) C P``."""
+        self._check_fitted()
+        return (np.asarray(descriptors, dtype=np.float32) - self.mean) @ self.projection
+
+    def _check_fitted(self) -> None:
         if self.projection is None or self.mean is None:
             raise RuntimeError("LbpWccnEmbedder is not fitted: call fit(images, labels) first")
-        return (self.descriptor(images) - self.mean) @ self.projection
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        self._check_fitted()  # before the costly descriptor
+        return self.project(self.descriptor(images))
 
     # ------------------------------------------------------------------ persistence
 
     def save(self, path: str | Path) -> Path:
         """Write the fitted embedder to ``path`` (``.npz``, plain arrays; temp file + rename)."""
-        if self.projection is None or self.mean is None:
-            raise RuntimeError("LbpWccnEmbedder is not fitted: nothing to save")
+        self._check_fitted()
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp.npz")
         grid = asdict(self.grid)

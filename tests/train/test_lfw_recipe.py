@@ -208,14 +208,29 @@ def test_aligned_final_run_exports_its_frame_in_the_spec(shared_data, tmp_path):
     assert spec.input_size == (32, 32) and spec.colour_order == "GREY"
 
 
-def test_whitened_run_exports_the_whitened_embedding(shared_data, tmp_path):
+def test_whitened_run_exports_the_whitened_embedding_and_the_lbp_embedder(
+    shared_data, tmp_path, monkeypatch
+):
     from partialfc.deploy import Embedder
+    from partialfc.models.lbp import LbpWccnEmbedder
 
+    fitted = _small_lbp_fits(monkeypatch)
     recipe, result = _tiny_final_run(
-        shared_data, tmp_path, "recipe.whiten=true", "recipe.whiten_regularization=0.5"
+        shared_data,
+        tmp_path,
+        "recipe.whiten=true",
+        "recipe.whiten_regularization=0.5",
+        "recipe.lbp_weight=3",
+        "recipe.lbp_components=8",
     )
     assert result["whitening"] == {"regularization": 0.5, "fitted_on_images": 32}
     run_dir = tmp_path / "lfw_dev_final"
+    # the LBP embedder fitted on the training faces ships beside the ONNX model
+    assert result["export"]["lbp"] == str(run_dir / "export" / "lbp_wccn.npz")
+    assert result["lbp"]["weight"] == 3 and len(fitted) == 1
+    exported_lbp = LbpWccnEmbedder.load(run_dir / "export" / "lbp_wccn.npz")
+    faces = recipe_mod.build_split(recipe).train_images[:4]
+    np.testing.assert_array_equal(exported_lbp(faces), fitted[0](faces))
     trained, exported = Embedder.load(run_dir), Embedder.load(run_dir / "export")
     split = recipe_mod.build_split(recipe)
     # independently refitted on the trained (unwhitened) weights: the export is their map
@@ -322,21 +337,6 @@ def _small_lbp_fits(monkeypatch) -> list:
     return fitted
 
 
-def test_final_run_with_lbp_fusion_exports_the_lbp_embedder(shared_data, tmp_path, monkeypatch):
-    from partialfc.models.lbp import LbpWccnEmbedder
-
-    fitted = _small_lbp_fits(monkeypatch)
-    recipe, result = _tiny_final_run(
-        shared_data, tmp_path, "recipe.lbp_weight=3", "recipe.lbp_components=8"
-    )
-    export = tmp_path / "lfw_dev_final" / "export"
-    assert result["export"]["lbp"] == str(export / "lbp_wccn.npz")
-    assert result["lbp"]["weight"] == 3 and len(fitted) == 1
-    images = recipe_mod.build_split(recipe).train_images[:4]
-    exported = LbpWccnEmbedder.load(export / "lbp_wccn.npz")
-    np.testing.assert_array_equal(exported(images), fitted[0](images))
-
-
 def test_validation_run_with_lbp_fusion_saves_and_reports_it(shared_data, tmp_path, monkeypatch):
     from partialfc.models.lbp import LbpWccnEmbedder
 
@@ -349,6 +349,7 @@ def test_validation_run_with_lbp_fusion_saves_and_reports_it(shared_data, tmp_pa
         "recipe.lbp_weight=2",
         "recipe.lbp_components=8",
         "recipe.whiten=true",  # the fused model is the whitened one, as in "model"
+        "model.name=iresnet_tiny",  # the validation images are embedded six times
         f"run.output_dir={tmp_path}",
     )
     result = recipe_mod.run(recipe, cfg)

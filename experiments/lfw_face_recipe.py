@@ -832,7 +832,9 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
         exported = export_backbone(backbone, spec, trainer.run_dir / "export")
         result["export"] = exported.to_dict()
         if lbp is not None:  # fused at test time: fuse_embeddings(onnx(x_64), lbp(x_96), w)
-            result["export"]["lbp"] = str(lbp.save(exported.onnx_path.parent / "lbp_wccn.npz"))
+            moved = exported.onnx_path.parent / "lbp_wccn.npz"  # moved, not copied: 236 MB
+            Path(result["lbp"]["path"]).replace(moved)
+            result["lbp"]["path"] = result["export"]["lbp"] = str(moved)
         print(
             f"exported to {exported.onnx_path} (onnxruntime vs torch: {exported.max_abs_diff:.2g})"
         )

@@ -227,6 +227,8 @@ def test_whitened_run_exports_the_whitened_embedding_and_the_lbp_embedder(
     run_dir = tmp_path / "lfw_dev_final"
     # the LBP embedder fitted on the training faces ships beside the ONNX model
     assert result["export"]["lbp"] == str(run_dir / "export" / "lbp_wccn.npz")
+    assert result["lbp"]["path"] == result["export"]["lbp"]
+    assert not (run_dir / "lbp_wccn.npz").exists()  # moved into the export, not copied
     assert result["lbp"]["weight"] == 3 and len(fitted) == 1
     exported_lbp = LbpWccnEmbedder.load(run_dir / "export" / "lbp_wccn.npz")
     faces = recipe_mod.build_split(recipe).train_images[:4]

@@ -181,6 +181,19 @@ def load_recipe(path: str | Path, overrides: list[str] = ()):
     return _recipe_from_dict(recipe_data, str(path)), validate(config_from_dict(data, str(path)))
 
 
+def load_validation_recipe(path: str | Path, overrides: list[str] = ()):
+    """:func:`load_recipe` for tools that score on the validation folds: raises ValueError
+    when the preset has none, and sets the preset's thread count (face detection and embedding
+    run with it; torch's default of one thread per core oversubscribes a shared CPU)."""
+    from partialfc.train.threads import apply_num_threads
+
+    recipe, cfg = load_recipe(path, overrides)
+    if not recipe.val_folds:
+        raise ValueError(f"{path}: needs validation folds (recipe.val_folds)")
+    apply_num_threads(cfg.train.num_threads, cfg.data.num_workers)
+    return recipe, cfg
+
+
 # ---------------------------------------------------------------------------- data
 
 

@@ -151,12 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", type=_floats, default=[1.0, 2.0, 3.0, 5.0])
     parser.add_argument("--out", help="write the results to this JSON file")
     args = parser.parse_args(argv)
-    recipe, cfg = recipe_mod.load_recipe(args.config, args.set)
-    if not recipe.val_folds:
-        parser.error(f"{args.config}: needs validation folds (recipe.val_folds)")
-    from partialfc.train.threads import apply_num_threads
-
-    apply_num_threads(cfg.train.num_threads, cfg.data.num_workers)
+    try:
+        recipe, _ = recipe_mod.load_validation_recipe(args.config, args.set)
+    except ValueError as err:
+        parser.error(str(err))
     result = run(recipe, args.components, args.regularization, args.models, args.weights)
     if args.out:
         recipe_mod._atomic_write_json(Path(args.out), result)

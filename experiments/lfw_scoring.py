@@ -238,12 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", default="runs/lfw_scoring.json")
     args = parser.parse_args(argv)
-    recipe, cfg = recipe_mod.load_recipe(args.config, args.set)
-    if not recipe.val_folds:
-        parser.error(f"{args.config}: scoring needs validation folds (recipe.val_folds)")
-    from partialfc.train.threads import apply_num_threads
-
-    apply_num_threads(cfg.train.num_threads, cfg.data.num_workers)
+    try:
+        recipe, _ = recipe_mod.load_validation_recipe(args.config, args.set)
+    except ValueError as err:
+        parser.error(str(err))
     split = recipe_mod.build_split(recipe)
     pair_sets = {s: recipe_mod.pair_images(recipe, split, s) for s in recipe.pair_sources}
     result = {"config": args.config, "overrides": args.set, "runs": {}}

@@ -127,4 +127,4 @@ def test_driver_refuses_a_config_without_validation_folds(capsys):
 
     with pytest.raises(SystemExit):
         lfw_scoring.main(["--config", str(REPO / "configs" / "lfw_dev_final.yaml"), "run"])
-    assert "lfw_dev_final.yaml: scoring needs validation folds" in capsys.readouterr().err
+    assert "lfw_dev_final.yaml: needs validation folds" in capsys.readouterr().err

@@ -35,6 +35,12 @@ landmarks onto ``GREY_FRAME_LANDMARKS``, the grey crops' mean frame (:func:`alig
 ensemble of their normalised, concatenated embeddings, :func:`ensemble_embed`);
 ``--shift-average PX`` adds shifted copies of every image as test-time augmentation.
 
+LBP fusion (``recipe.lbp_weight`` > 0, ``configs/lfw_dev_val_fused.yaml``): a multi-scale LBP
+descriptor with PCA and within-class whitening (:class:`partialfc.models.lbp.LbpWccnEmbedder`) is
+fitted on the training crops and fused with the model's cosine (:func:`evaluate_fused`); the
+validation reports ``model_cnn``, ``lbp`` and ``model_fused``, a final run exports the fitted
+embedder as ``export/lbp_wccn.npz``.
+
 Margin warm-up (the initialisation blow-up of margin losses: at initialisation θ_y ≈ 90° for every
 sample and a full margin adds loss before the model has done anything wrong): zero margin for
 ``recipe.margin_warmup_epochs``, then a linear ramp to the configured margin over

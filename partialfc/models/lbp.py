@@ -111,7 +111,10 @@ def lbp_histograms(
         raise ValueError(f"images must be a non-empty (N, H, W) grey stack, got shape {x.shape}")
     if len(x) > batch_size:  # the one-hot maps take 59 floats per pixel
         return np.concatenate(
-            [lbp_histograms(x[i : i + batch_size], grid) for i in range(0, len(x), batch_size)]
+            [
+                lbp_histograms(x[i : i + batch_size], grid, batch_size)
+                for i in range(0, len(x), batch_size)
+            ]
         )
     x = x.astype(np.float32)
     parts = []

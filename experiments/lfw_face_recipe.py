@@ -36,7 +36,7 @@ ensemble of their normalised, concatenated embeddings, :func:`ensemble_embed`);
 ``--shift-average PX`` adds shifted copies of every image as test-time augmentation.
 
 LBP fusion (``recipe.lbp_weight`` > 0, ``configs/lfw_dev_val_fused.yaml``): a multi-scale LBP
-descriptor with PCA and within-class whitening (:class:`partialfc.models.lbp.LbpWccnEmbedder`) is
+descriptor with PCA and within-class whitening (:class:`partialfc.eval.lbp.LbpWccnEmbedder`) is
 fitted on the training crops and fused with the model's cosine (:func:`evaluate_fused`); the
 validation reports ``model_cnn``, ``lbp`` and ``model_fused``, a final run exports the fitted
 embedder as ``export/lbp_wccn.npz``.
@@ -110,7 +110,7 @@ class RecipeConfig:
     whiten_regularization: float = 1.0
     # fuse the model with a hand-crafted descriptor learned on the same training images:
     # multi-scale uniform-LBP histograms, PCA to lbp_components dimensions and WCCN with ridge
-    # lbp_regularization (partialfc.models.lbp); the evaluated score is the cosine of
+    # lbp_regularization (partialfc.eval.lbp); the evaluated score is the cosine of
     # [ê_model, √w·ê_lbp], i.e. (cos_model + w·cos_lbp) / (1 + w) with w = lbp_weight (0 = off)
     lbp_weight: float = 0.0
     lbp_components: int = 1600
@@ -151,7 +151,7 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
         raise ValueError(
             f"{source}: recipe.lbp_weight must be finite and >= 0, got {recipe.lbp_weight}"
         )
-    from partialfc.models.lbp import LbpWccnEmbedder
+    from partialfc.eval.lbp import LbpWccnEmbedder
 
     try:
         LbpWccnEmbedder(
@@ -663,9 +663,9 @@ def evaluate_validation(
 
 
 def fit_lbp(split: LfwSplit, recipe: RecipeConfig):
-    """:class:`partialfc.models.lbp.LbpWccnEmbedder` fitted on the split's training images (the
+    """:class:`partialfc.eval.lbp.LbpWccnEmbedder` fitted on the split's training images (the
     96×96 crops, aligned as the recipe says) with the recipe's components and ridge."""
-    from partialfc.models.lbp import LbpWccnEmbedder
+    from partialfc.eval.lbp import LbpWccnEmbedder
 
     embedder = LbpWccnEmbedder(
         num_components=recipe.lbp_components, regularization=recipe.lbp_regularization
@@ -679,7 +679,7 @@ def evaluate_fused(embed_fn, input_size: int, lbp, split: LfwSplit, recipe: Reci
     ``recipe.lbp_weight`` (the cosine of ``[ê_model, √w·ê_lbp]``): keys ``model_cnn``, ``lbp``
     and ``model_fused``."""
     from partialfc.eval import flip_horizontal, l2_normalize
-    from partialfc.models.lbp import fuse_embeddings
+    from partialfc.eval.lbp import fuse_embeddings
 
     pair_sets = {s: pair_images(recipe, split, s) for s in recipe.pair_sources}
     colour_images = pair_sets["colour"].images if "colour" in pair_sets else split.val_images[:1]

@@ -5,7 +5,7 @@
         [--models RUN [RUN ...] --weights 1,2,3,5] --out runs/lfw_lbp_fusion.json
 
 The descriptors of the training, validation and colour pair images
-(:class:`partialfc.models.lbp.LbpWccnEmbedder`, default :class:`LbpGrid`) are computed once;
+(:class:`partialfc.eval.lbp.LbpWccnEmbedder`, default :class:`LbpGrid`) are computed once;
 every (components, ridge) pair is then fitted on the training people only and scored on the
 validation pairs of ``recipe.pair_sources`` (threshold from the other fold) and all-vs-all.
 With ``--models``, each trained run (whitened on the training images when ``recipe.whiten``,
@@ -69,7 +69,7 @@ def run(recipe, components, ridges, models=(), weights=(), grid=None) -> dict:
     """The table of every (components, ridge) and, with ``models``, of every fusion weight;
     ``grid`` (default :class:`LbpGrid`'s defaults) is where the histograms are taken."""
     from partialfc.eval import l2_normalize
-    from partialfc.models.lbp import LbpGrid, LbpWccnEmbedder, fuse_embeddings
+    from partialfc.eval.lbp import LbpGrid, LbpWccnEmbedder, fuse_embeddings
 
     grid = grid or LbpGrid()
 

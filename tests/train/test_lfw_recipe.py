@@ -212,7 +212,7 @@ def test_whitened_run_exports_the_whitened_embedding_and_the_lbp_embedder(
     shared_data, tmp_path, monkeypatch
 ):
     from partialfc.deploy import Embedder
-    from partialfc.models.lbp import LbpWccnEmbedder
+    from partialfc.eval.lbp import LbpWccnEmbedder
 
     fitted = _small_lbp_fits(monkeypatch)
     recipe, result = _tiny_final_run(
@@ -326,7 +326,7 @@ def test_fused_score_is_the_weighted_mean_of_the_two_cosines(shared_data, tmp_pa
 def _small_lbp_fits(monkeypatch) -> list:
     """Make the recipe fit its LBP embedder on a grid small enough for a test; returns the
     list the fitted embedders are appended to."""
-    from partialfc.models.lbp import LbpGrid, LbpWccnEmbedder
+    from partialfc.eval.lbp import LbpGrid, LbpWccnEmbedder
 
     fitted = []
 
@@ -340,7 +340,7 @@ def _small_lbp_fits(monkeypatch) -> list:
 
 
 def test_validation_run_with_lbp_fusion_saves_and_reports_it(shared_data, tmp_path, monkeypatch):
-    from partialfc.models.lbp import LbpWccnEmbedder
+    from partialfc.eval.lbp import LbpWccnEmbedder
 
     fitted = _small_lbp_fits(monkeypatch)
     recipe, cfg = _val_recipe(

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from partialfc.eval.whitening import WithinClassWhitening
-from partialfc.models.lbp import (
+from partialfc.eval.lbp import (
     NUM_LBP_BINS,
     UNIFORM_BIN,
     LbpGrid,
@@ -15,6 +14,7 @@ from partialfc.models.lbp import (
     lbp_codes,
     lbp_histograms,
 )
+from partialfc.eval.whitening import WithinClassWhitening
 
 SMALL = LbpGrid(scales_px=(20, 14), radii_px=(1, 2), cell_px=6, stride_px=4)
 

@@ -20,9 +20,10 @@ projected by PCA and whitened within classes.
 :class:`LbpWccnEmbedder` maps ``(N, H, W)`` uint8 grey faces to ``(N, num_components)``
 embeddings compared by cosine, like a backbone's; :func:`fuse_embeddings` joins them to a
 network's embeddings so that the cosine becomes a weighted sum of the two cosines. The embedder
-is not an ``nn.Module`` and is not in :data:`partialfc.models.MODELS`: it is fitted in closed
-form on a few thousand images (a minute), and is meant to be fused with a trained network where
-the training set is small.
+is not an ``nn.Module`` (hence not in :data:`partialfc.models.MODELS`): like
+:class:`partialfc.eval.whitening.WithinClassWhitening`, which it uses, it is fitted in closed
+form on a few thousand images (about a minute), and is meant to be fused with a trained network
+where the training set is small.
 """
 
 from __future__ import annotations

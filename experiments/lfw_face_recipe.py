@@ -692,6 +692,7 @@ def evaluate_fused(embed_fn, input_size: int, lbp, split: LfwSplit, recipe: Reci
         return l2_normalize(raw)
 
     model = [model_part(split.val_images), model_part(colour_images)]
+    # unit parts: the templates pool unit vectors of each part (as fuse_embeddings joins them)
     descriptor = [l2_normalize(lbp(split.val_images)), l2_normalize(lbp(colour_images))]
     fused = [
         fuse_embeddings(m, d, recipe.lbp_weight) for m, d in zip(model, descriptor, strict=True)

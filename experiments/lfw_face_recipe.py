@@ -616,17 +616,25 @@ def raw_pixel_embed(reference: np.ndarray, size: int = 64):
     return embed
 
 
+def embed_flip_test(embed_fn, images: np.ndarray, input_size: int, flip: bool) -> np.ndarray:
+    """Raw embeddings of ``images`` resized to ``input_size``: ``f(x)``, or ``f(x) + f(mirror(x))``
+    with ``flip`` (the recipe's flip test, summed before any normalisation)."""
+    from partialfc.eval import flip_horizontal
+
+    x = resize_to(images, input_size)
+    raw = embed_raw(embed_fn, x)
+    if flip:
+        raw = raw + embed_raw(embed_fn, np.ascontiguousarray(flip_horizontal(x)))
+    return raw
+
+
 def fit_whitening(embed_fn, split: LfwSplit, recipe: RecipeConfig, input_size: int):
     """:class:`partialfc.eval.whitening.WithinClassWhitening` of ``embed_fn``'s embeddings of
     the training images (``f(x) + f(mirror(x))`` with the flip test, as in evaluation) and
     their identities, with ``recipe.whiten_regularization``."""
-    from partialfc.eval import flip_horizontal
     from partialfc.eval.whitening import WithinClassWhitening
 
-    images = resize_to(split.train_images, input_size)
-    raw = embed_raw(embed_fn, images)
-    if recipe.flip_test:
-        raw = raw + embed_raw(embed_fn, np.ascontiguousarray(flip_horizontal(images)))
+    raw = embed_flip_test(embed_fn, split.train_images, input_size, recipe.flip_test)
     return WithinClassWhitening(recipe.whiten_regularization).fit(raw, split.train_labels)
 
 
@@ -678,20 +686,15 @@ def evaluate_fused(embed_fn, input_size: int, lbp, split: LfwSplit, recipe: Reci
     the recipe's flip test), of the ``lbp`` embedder alone, and of the two fused with weight
     ``recipe.lbp_weight`` (the cosine of ``[ê_model, √w·ê_lbp]``): keys ``model_cnn``, ``lbp``
     and ``model_fused``."""
-    from partialfc.eval import flip_horizontal, l2_normalize
+    from partialfc.eval import l2_normalize
     from partialfc.eval.lbp import fuse_embeddings
 
     pair_sets = {s: pair_images(recipe, split, s) for s in recipe.pair_sources}
     colour_images = pair_sets["colour"].images if "colour" in pair_sets else split.val_images[:1]
-
-    def model_part(images: np.ndarray) -> np.ndarray:
-        x = resize_to(images, input_size)
-        raw = embed_raw(embed_fn, x)
-        if recipe.flip_test:
-            raw = raw + embed_raw(embed_fn, np.ascontiguousarray(flip_horizontal(x)))
-        return l2_normalize(raw)
-
-    model = [model_part(split.val_images), model_part(colour_images)]
+    model = [
+        l2_normalize(embed_flip_test(embed_fn, images, input_size, recipe.flip_test))
+        for images in (split.val_images, colour_images)
+    ]
     # unit parts: the templates pool unit vectors of each part (as fuse_embeddings joins them)
     descriptor = [l2_normalize(lbp(split.val_images)), l2_normalize(lbp(colour_images))]
     fused = [

@@ -89,32 +89,34 @@ def run(recipe, components, ridges, models=(), weights=(), grid=None) -> dict:
         "lbp": [],
     }
     lbp_embeddings = {}
-    for k in components:
-        for ridge in ridges:
+
+    def embeddings(k: int, ridge: float) -> tuple[np.ndarray, np.ndarray]:
+        """Validation and colour-pair LBP embeddings of the setting, fitted once."""
+        if (k, ridge) not in lbp_embeddings:
             embedder = LbpWccnEmbedder(grid, num_components=k, regularization=ridge)
             embedder.fit_descriptors(descriptors["train"], split.train_labels)
-            val, col = embedder.project(descriptors["val"]), embedder.project(descriptors["colour"])
-            lbp_embeddings[(k, ridge)] = (val, col)
+            lbp_embeddings[(k, ridge)] = tuple(
+                embedder.project(descriptors[part]) for part in ("val", "colour")
+            )
+        return lbp_embeddings[(k, ridge)]
+
+    for k in components:
+        for ridge in ridges:
+            val, col = embeddings(k, ridge)
             summary = _summary(recipe_mod.evaluate_embeddings(val, col, split, pair_sets))
             result["lbp"].append({"components": k, "regularization": ridge, **summary})
             print(_line(f"lbp k={k} ridge={ridge:g}", summary), flush=True)
     if models:
         key = (recipe.lbp_components, recipe.lbp_regularization)
-        if key not in lbp_embeddings:
-            embedder = LbpWccnEmbedder(grid, num_components=key[0], regularization=key[1])
-            embedder.fit_descriptors(descriptors["train"], split.train_labels)
-            lbp_embeddings[key] = (
-                embedder.project(descriptors["val"]),
-                embedder.project(descriptors["colour"]),
-            )
-        lbp_val, lbp_col = (l2_normalize(x) for x in lbp_embeddings[key])
+        lbp_val, lbp_col = (l2_normalize(x) for x in embeddings(*key))
         result["fusion"] = {"lbp_components": key[0], "lbp_regularization": key[1], "models": {}}
         for model in models:
             embed, size = recipe_mod.ensemble_embed(
                 [model], split if recipe.whiten else None, recipe
             )
             model_val, model_col = (
-                _model_part(embed, size, images, recipe) for images in (split.val_images, colour)
+                recipe_mod.embed_flip_test(embed, images, size, recipe.flip_test)
+                for images in (split.val_images, colour)
             )
             rows = []
             for w in (0.0, *weights):
@@ -128,17 +130,6 @@ def run(recipe, components, ridges, models=(), weights=(), grid=None) -> dict:
             result["fusion"]["models"][str(model)] = rows
     result["total_seconds"] = time.perf_counter() - t0
     return result
-
-
-def _model_part(embed, size: int, images: np.ndarray, recipe) -> np.ndarray:
-    """The recipe's flip-test embedding of ``images`` (resized to the model's ``size``)."""
-    from partialfc.eval import flip_horizontal
-
-    x = recipe_mod.resize_to(images, size)
-    raw = recipe_mod.embed_raw(embed, x)
-    if recipe.flip_test:
-        raw = raw + recipe_mod.embed_raw(embed, np.ascontiguousarray(flip_horizontal(x)))
-    return raw
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -197,16 +197,13 @@ def scoring_rules(
 def score_run(model: str, recipe, split, pair_sets: dict) -> dict:
     """Accuracy and AUC of every rule of :func:`scoring_rules` for one model."""
     from partialfc.deploy import Embedder
-    from partialfc.eval import flip_horizontal, verification_report
+    from partialfc.eval import verification_report
 
     embedder = Embedder.load(model)
     size = embedder.spec.input_size[0]
 
     def embed(images):
-        images = recipe_mod.resize_to(images, size)
-        mirrored = np.ascontiguousarray(flip_horizontal(images))
-        raw = recipe_mod.embed_raw(embedder.embed_raw, images)
-        return raw + recipe_mod.embed_raw(embedder.embed_raw, mirrored) if recipe.flip_test else raw
+        return recipe_mod.embed_flip_test(embedder.embed_raw, images, size, recipe.flip_test)
 
     train = embed(split.train_images)
     sources = {s: embed(p.images) for s, p in pair_sets.items()}

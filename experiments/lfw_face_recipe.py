@@ -790,6 +790,11 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
         f"({len(split.val_images)} images), pairs: {len(split.pairs) if split.pairs else 0}",
         flush=True,
     )
+    if recipe.lbp_weight > 0 and recipe.lbp_components >= len(split.train_images):
+        raise ValueError(  # checked before training, not after it
+            f"recipe.lbp_components ({recipe.lbp_components}) must be below the number of "
+            f"training images ({len(split.train_images)})"
+        )
     trainer = build_trainer(recipe, cfg, split, distillation=distillation)
     t_train = time.perf_counter()
     fit = trainer.fit()

@@ -209,7 +209,7 @@ class LbpWccnEmbedder:
                 f"images ({len(h)})"
             )
         mean = h.mean(axis=0)
-        centred = h - mean
+        centred = h - mean if h is descriptors else np.subtract(h, mean, out=h)  # no 2nd copy
         eigenvalues, vectors = np.linalg.eigh(centred @ centred.T)  # ascending
         top = np.argsort(eigenvalues)[::-1][: self.num_components]
         if eigenvalues[top[-1]] <= 1e-9 * eigenvalues[top[0]]:
@@ -242,6 +242,14 @@ class LbpWccnEmbedder:
         self._check_fitted()
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp.npz")
+        try:
+            self._write(tmp)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)  # nothing half-written is left behind
+        return path
+
+    def _write(self, tmp: Path) -> None:
         grid = asdict(self.grid)
         np.savez(
             tmp,
@@ -253,8 +261,6 @@ class LbpWccnEmbedder:
             regularization=np.float64(self.regularization),
             flip=np.bool_(self.flip),
         )
-        tmp.replace(path)
-        return path
 
     @classmethod
     def load(cls, path: str | Path) -> LbpWccnEmbedder:

@@ -157,6 +157,29 @@ def test_save_and_load_give_the_same_embedding(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["lbp.npz"]  # no temp file left
 
 
+def test_a_failed_save_leaves_neither_file_nor_temp_file(tmp_path, monkeypatch):
+    images, labels = _people()
+    embedder = LbpWccnEmbedder(SMALL, num_components=10).fit(images, labels)
+
+    def half_written(path, **arrays):
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 truncated")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", half_written)
+    with pytest.raises(OSError, match="disk full"):
+        embedder.save(tmp_path / "lbp.npz")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fitting_precomputed_descriptors_leaves_them_unchanged():
+    images, labels = _people()
+    h = lbp_histograms(images, SMALL).astype(np.float64)
+    before = h.copy()
+    LbpWccnEmbedder(SMALL, num_components=10).fit_descriptors(h, labels)
+    np.testing.assert_array_equal(h, before)
+
+
 def test_load_refuses_files_that_are_not_an_embedder(tmp_path):
     np.savez(tmp_path / "other.npz", mean=np.zeros(3))
     with pytest.raises(ValueError, match=r"other\.npz.*missing arrays"):

@@ -337,6 +337,19 @@ def _small_lbp_fits(monkeypatch) -> list:
     return fitted
 
 
+def test_more_lbp_components_than_training_images_is_refused_before_training(shared_data, tmp_path):
+    recipe, cfg = _val_recipe(
+        shared_data,
+        *TINY_RUN,
+        "recipe.lbp_weight=1",
+        "recipe.lbp_components=32",  # TINY_RUN keeps 32 training images
+        f"run.output_dir={tmp_path}",
+    )
+    with pytest.raises(ValueError, match=r"recipe.lbp_components \(32\) must be below.*\(32\)"):
+        recipe_mod.run(recipe, cfg)
+    assert not (tmp_path / "lfw_dev_val").exists()  # nothing trained, nothing written
+
+
 def test_validation_run_with_lbp_fusion_saves_and_reports_it(shared_data, tmp_path, monkeypatch):
     from partialfc.eval.lbp import LbpWccnEmbedder
 

@@ -265,13 +265,14 @@ class LbpWccnEmbedder:
     @classmethod
     def load(cls, path: str | Path) -> LbpWccnEmbedder:
         """Read an embedder written by :meth:`save` (no pickled objects are read)."""
-        keys = ("mean", "projection", "scales_px", "radii_px", "cell_stride_px", "flip")
+        keys = ("mean", "projection", "scales_px", "radii_px", "cell_stride_px", "regularization")
+        keys += ("flip",)
         try:
             with np.load(path, allow_pickle=False) as data:
                 missing = [k for k in keys if k not in data.files]
                 if missing:
                     raise ValueError(f"missing arrays {missing}")
-                arrays = {k: data[k] for k in (*keys, "regularization")}
+                arrays = {k: data[k] for k in keys}
             cell, stride = (int(v) for v in arrays["cell_stride_px"])
             grid = LbpGrid(
                 tuple(int(v) for v in arrays["scales_px"]),
@@ -282,6 +283,11 @@ class LbpWccnEmbedder:
             mean, projection = arrays["mean"], arrays["projection"]
             if mean.ndim != 1 or projection.ndim != 2 or projection.shape[0] != mean.shape[0]:
                 raise ValueError(f"mean {mean.shape} and projection {projection.shape} disagree")
+            expected = lbp_histograms(np.zeros((1, 8, 8), np.uint8), grid).shape[1]
+            if mean.shape[0] != expected:
+                raise ValueError(
+                    f"its grid gives {expected}-dimensional descriptors, not {mean.shape[0]}"
+                )
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(f"{path}: not a saved LbpWccnEmbedder ({err})") from None
         embedder = cls(

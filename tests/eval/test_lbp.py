@@ -197,6 +197,14 @@ def test_load_refuses_files_that_are_not_an_embedder(tmp_path):
     )
     with pytest.raises(ValueError, match=r"pickled\.npz"):
         LbpWccnEmbedder.load(pickled)
+    embedder = LbpWccnEmbedder(SMALL, num_components=4).fit(*_people())
+    embedder.save(tmp_path / "good.npz")
+    with np.load(tmp_path / "good.npz") as data:
+        arrays = dict(data)
+    arrays["radii_px"] = np.array([1])  # radius 1 only: 4×4 + 2×2 cells of 59 bins, not 33 cells
+    np.savez(tmp_path / "regridded.npz", **arrays)
+    with pytest.raises(ValueError, match=r"regridded\.npz.*gives 1180-dimensional .*not 1947"):
+        LbpWccnEmbedder.load(tmp_path / "regridded.npz")
     with pytest.raises(ValueError, match=r"missing\.npz"):
         LbpWccnEmbedder.load(tmp_path / "missing.npz")
 

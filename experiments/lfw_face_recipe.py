@@ -115,6 +115,8 @@ class RecipeConfig:
     lbp_weight: float = 0.0
     lbp_components: int = 1600
     lbp_regularization: float = 0.3
+    # grey levels: 0 = LBP codes, t > 0 = local ternary patterns (twice the dimensions)
+    lbp_ternary_threshold: float = 0.0
     max_train_images: int = 0  # keep only the first N training images (0 = all; tests)
     export: bool = False  # export the trained backbone (ONNX + safetensors + spec)
 
@@ -151,15 +153,25 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
         raise ValueError(
             f"{source}: recipe.lbp_weight must be finite and >= 0, got {recipe.lbp_weight}"
         )
-    from partialfc.eval.lbp import LbpWccnEmbedder
-
     try:
-        LbpWccnEmbedder(
-            num_components=recipe.lbp_components, regularization=recipe.lbp_regularization
-        )
+        lbp_embedder(recipe)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{source}: recipe.lbp_components / lbp_regularization: {err}") from None
+        raise ValueError(
+            f"{source}: recipe.lbp_components / lbp_regularization / lbp_ternary_threshold: {err}"
+        ) from None
     return recipe
+
+
+def lbp_embedder(recipe: RecipeConfig):
+    """An unfitted :class:`partialfc.eval.lbp.LbpWccnEmbedder` with the recipe's ``lbp_*`` keys
+    (default grid, LBP or LTP codes)."""
+    from partialfc.eval.lbp import LbpGrid, LbpWccnEmbedder
+
+    return LbpWccnEmbedder(
+        LbpGrid(ternary_threshold=float(recipe.lbp_ternary_threshold)),
+        num_components=recipe.lbp_components,
+        regularization=recipe.lbp_regularization,
+    )
 
 
 def load_recipe(path: str | Path, overrides: list[str] = ()):
@@ -672,13 +684,8 @@ def evaluate_validation(
 
 def fit_lbp(split: LfwSplit, recipe: RecipeConfig):
     """:class:`partialfc.eval.lbp.LbpWccnEmbedder` fitted on the split's training images (the
-    96×96 crops, aligned as the recipe says) with the recipe's components and ridge."""
-    from partialfc.eval.lbp import LbpWccnEmbedder
-
-    embedder = LbpWccnEmbedder(
-        num_components=recipe.lbp_components, regularization=recipe.lbp_regularization
-    )
-    return embedder.fit(split.train_images, split.train_labels)
+    96×96 crops, aligned as the recipe says) with the recipe's ``lbp_*`` settings."""
+    return lbp_embedder(recipe).fit(split.train_images, split.train_labels)
 
 
 def evaluate_fused(embed_fn, input_size: int, lbp, split: LfwSplit, recipe: RecipeConfig) -> dict:

@@ -5,9 +5,10 @@
         [--models RUN [RUN ...] --weights 1,2,3,5] --out runs/lfw_lbp_fusion.json
 
 The descriptors of the training, validation and colour pair images
-(:class:`partialfc.eval.lbp.LbpWccnEmbedder`, default :class:`LbpGrid`) are computed once;
-every (components, ridge) pair is then fitted on the training people only and scored on the
-validation pairs of ``recipe.pair_sources`` (threshold from the other fold) and all-vs-all.
+(:class:`partialfc.eval.lbp.LbpWccnEmbedder`, grid and codes of the recipe's ``lbp_*`` keys) are
+computed once; every (components, ridge) pair is then fitted on the training people only and
+scored on the validation pairs of ``recipe.pair_sources`` (threshold from the other fold) and
+all-vs-all.
 With ``--models``, each trained run (whitened on the training images when ``recipe.whiten``,
 as ``--evaluate`` does) is fused with the descriptor of the recipe's ``lbp_components`` and
 ``lbp_regularization`` at every weight ``w`` (score ``(cos_model + w·cos_lbp) / (1 + w)``).
@@ -67,11 +68,12 @@ def _line(name: str, summary: dict) -> str:
 
 def run(recipe, components, ridges, models=(), weights=(), grid=None) -> dict:
     """The table of every (components, ridge) and, with ``models``, of every fusion weight;
-    ``grid`` (default :class:`LbpGrid`'s defaults) is where the histograms are taken."""
+    ``grid`` (default: the recipe's, :func:`lfw_face_recipe.lbp_embedder`) is where the
+    histograms are taken and which codes."""
     from partialfc.eval import l2_normalize
-    from partialfc.eval.lbp import LbpGrid, LbpWccnEmbedder, fuse_embeddings
+    from partialfc.eval.lbp import LbpWccnEmbedder, fuse_embeddings
 
-    grid = grid or LbpGrid()
+    grid = grid or recipe_mod.lbp_embedder(recipe).grid
 
     t0 = time.perf_counter()
     split = recipe_mod.build_split(recipe)

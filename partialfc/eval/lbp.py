@@ -7,6 +7,12 @@ projected by PCA and whitened within classes.
   against the centre ``g_c``; the 58 codes with at most two 0/1 transitions around the circle
   keep a bin each, every other code shares bin 58 (59 bins). The neighbours here are the 8
   pixels of the square of half-side ``r`` (corners at ``r·√2``, not interpolated onto a circle).
+* **Local ternary patterns** (Tan & Triggs, "Enhanced local texture feature sets for face
+  recognition under difficult lighting conditions", IEEE TIP 2010, Sec. III-A), with
+  ``LbpGrid.ternary_threshold`` ``t > 0``: neighbour ``p`` is +1 where ``g_p ≥ g_c + t``, −1
+  where ``g_p ≤ g_c − t`` and 0 in between; the code is split into an upper binary code (the +1
+  bits) and a lower one (the −1 bits), each histogrammed as a uniform LBP code (2 × 59 bins a
+  cell). Small grey-level noise around ``g_c`` then no longer flips bits.
 * **Face description** (Ahonen, Hadid & Pietikäinen, "Face description with local binary
   patterns", TPAMI 2006, Sec. 3): histograms of the codes over a grid of cells, concatenated; here
   over overlapping cells, at several image scales and radii (the multi-scale, high-dimensional
@@ -59,16 +65,36 @@ def lbp_codes(images: np.ndarray, radius_px: int) -> np.ndarray:
     grey images: bit ``p`` is ``[g_p ≥ g_c]`` for neighbour ``p`` of ``_NEIGHBOURS`` scaled by
     ``radius_px``."""
     x = np.asarray(images, dtype=np.float32)
-    r = int(radius_px)
-    if x.ndim != 3:
-        raise ValueError(f"images must be (N, H, W) grey, got shape {x.shape}")
-    if r < 1 or min(x.shape[1:]) <= 2 * r:
-        raise ValueError(f"radius_px must be >= 1 and leave an interior, got {radius_px}")
-    height, width = x.shape[1:]
-    centre = x[:, r : height - r, r : width - r]
+    return _neighbour_codes(x, x, int(radius_px))
+
+
+def ltp_codes(
+    images: np.ndarray, radius_px: int, threshold: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Upper and lower 8-bit codes ``(N, H − 2r, W − 2r)`` (int64) of the local ternary pattern
+    of the interior pixels of ``(N, H, W)`` grey images: bit ``p`` of the upper code is
+    ``[g_p ≥ g_c + t]``, of the lower code ``[g_p ≤ g_c − t]`` (``t`` = ``threshold`` in grey
+    levels, > 0), neighbours as in :func:`lbp_codes`."""
+    if not np.isfinite(threshold) or threshold <= 0:
+        raise ValueError(f"threshold must be a finite number of grey levels > 0, got {threshold}")
+    x = np.asarray(images, dtype=np.float32)
+    # g_p ≥ g_c + t  ⇔  g_p − t ≥ g_c, and g_p ≤ g_c − t  ⇔  (−g_p) − t ≥ (−g_c)
+    upper = _neighbour_codes(x - np.float32(threshold), x, int(radius_px))
+    lower = _neighbour_codes(-x - np.float32(threshold), -x, int(radius_px))
+    return upper, lower
+
+
+def _neighbour_codes(neighbours: np.ndarray, centres: np.ndarray, r: int) -> np.ndarray:
+    """Bit ``p`` = ``[neighbours at offset p ≥ centres]`` over the interior at radius ``r``."""
+    if neighbours.ndim != 3:
+        raise ValueError(f"images must be (N, H, W) grey, got shape {neighbours.shape}")
+    if r < 1 or min(neighbours.shape[1:]) <= 2 * r:
+        raise ValueError(f"radius_px must be >= 1 and leave an interior, got {r}")
+    height, width = neighbours.shape[1:]
+    centre = centres[:, r : height - r, r : width - r]
     codes = np.zeros(centre.shape, dtype=np.int64)
     for bit, (dy, dx) in enumerate(_NEIGHBOURS):
-        neighbour = x[:, r + dy * r : height - r + dy * r, r + dx * r : width - r + dx * r]
+        neighbour = neighbours[:, r + dy * r : height - r + dy * r, r + dx * r : width - r + dx * r]
         codes |= (neighbour >= centre).astype(np.int64) << bit
     return codes
 
@@ -79,16 +105,25 @@ class LbpGrid:
     ``scales_px``; at each scale and radius in ``radii_px``, uniform-LBP histograms are taken over
     ``cell_px``-square cells every ``stride_px`` pixels (from the top-left corner, cells that fit).
 
-    Defaults (for 96×96 aligned crops): sides 96, 64, 48; radii 1 and 2; 12-px cells every 6 px
-    (36,934 dimensions).
+    ``ternary_threshold`` (grey levels): 0 takes LBP codes (:func:`lbp_codes`, 59 bins a cell),
+    ``t > 0`` local ternary patterns (:func:`ltp_codes`, upper then lower code, 2 × 59 bins).
+
+    Defaults (for 96×96 aligned crops): sides 96, 64, 48; radii 1 and 2; 12-px cells every 6 px;
+    LBP codes (36,934 dimensions).
     """
 
     scales_px: tuple[int, ...] = (96, 64, 48)
     radii_px: tuple[int, ...] = (1, 2)
     cell_px: int = 12
     stride_px: int = 6
+    ternary_threshold: float = 0.0
 
     def __post_init__(self) -> None:
+        if not np.isfinite(self.ternary_threshold) or self.ternary_threshold < 0:
+            raise ValueError(
+                f"LbpGrid: ternary_threshold must be finite and >= 0 grey levels, "
+                f"got {self.ternary_threshold}"
+            )
         values = (*self.scales_px, *self.radii_px, self.cell_px, self.stride_px)
         if not self.scales_px or not self.radii_px or min(values) < 1:
             raise ValueError(f"LbpGrid needs positive sides, radii, cell and stride, got {self}")
@@ -100,9 +135,10 @@ class LbpGrid:
 def lbp_histograms(
     images: np.ndarray, grid: LbpGrid = LbpGrid(), batch_size: int = 64
 ) -> np.ndarray:
-    """``(N, D)`` float32 descriptor of ``(N, H, W)`` grey images: for every scale, radius and
-    cell of ``grid`` (in that order), the square root of the cell's normalised 59-bin uniform-LBP
-    histogram (each cell's block has unit L2 norm); ``batch_size`` images at a time."""
+    """``(N, D)`` float32 descriptor of ``(N, H, W)`` grey images: for every scale, radius, code
+    (one for LBP, upper then lower for LTP) and cell of ``grid`` (in that order), the square root
+    of the cell's normalised 59-bin uniform-pattern histogram (each cell's block has unit L2
+    norm); ``batch_size`` images at a time."""
     import cv2
     import torch
     import torch.nn.functional as F
@@ -127,10 +163,16 @@ def lbp_histograms(
                 [cv2.resize(im, (side, side), interpolation=cv2.INTER_AREA) for im in x]
             )
         for radius in grid.radii_px:
-            bins = torch.from_numpy(UNIFORM_BIN[lbp_codes(scaled, radius)]).unsqueeze(1)
-            one_hot = torch.zeros(len(x), NUM_LBP_BINS, *bins.shape[2:]).scatter_(1, bins, 1.0)
-            hist = F.avg_pool2d(one_hot, grid.cell_px, grid.stride_px)  # (N, 59, gy, gx)
-            parts.append(hist.permute(0, 2, 3, 1).reshape(len(x), -1).sqrt().numpy())
+            if grid.ternary_threshold > 0:
+                codes = ltp_codes(scaled, radius, grid.ternary_threshold)
+            else:
+                codes = (lbp_codes(scaled, radius),)
+            for code in codes:
+                bins = torch.from_numpy(UNIFORM_BIN[code]).unsqueeze(1)
+                one_hot = torch.zeros(len(x), NUM_LBP_BINS, *bins.shape[2:])
+                one_hot.scatter_(1, bins, 1.0)
+                hist = F.avg_pool2d(one_hot, grid.cell_px, grid.stride_px)  # (N, 59, gy, gx)
+                parts.append(hist.permute(0, 2, 3, 1).reshape(len(x), -1).sqrt().numpy())
     return np.concatenate(parts, axis=1)
 
 
@@ -258,6 +300,7 @@ class LbpWccnEmbedder:
             scales_px=np.asarray(grid["scales_px"]),
             radii_px=np.asarray(grid["radii_px"]),
             cell_stride_px=np.asarray([self.grid.cell_px, self.grid.stride_px]),
+            ternary_threshold=np.float64(self.grid.ternary_threshold),
             regularization=np.float64(self.regularization),
             flip=np.bool_(self.flip),
         )
@@ -273,12 +316,15 @@ class LbpWccnEmbedder:
                 if missing:
                     raise ValueError(f"missing arrays {missing}")
                 arrays = {k: data[k] for k in keys}
+                # absent from files written before LTP codes existed: those are LBP (0)
+                threshold = float(data["ternary_threshold"]) if "ternary_threshold" in data else 0.0
             cell, stride = (int(v) for v in arrays["cell_stride_px"])
             grid = LbpGrid(
                 tuple(int(v) for v in arrays["scales_px"]),
                 tuple(int(v) for v in arrays["radii_px"]),
                 cell,
                 stride,
+                threshold,
             )
             mean, projection = arrays["mean"], arrays["projection"]
             if mean.ndim != 1 or projection.ndim != 2 or projection.shape[0] != mean.shape[0]:

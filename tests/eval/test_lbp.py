@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from partialfc.eval.lbp import (
     fuse_embeddings,
     lbp_codes,
     lbp_histograms,
+    ltp_codes,
 )
 from partialfc.eval.whitening import WithinClassWhitening
 
@@ -57,6 +60,55 @@ def test_codes_match_a_pixel_by_pixel_loop():
                 for b, (dy, dx) in enumerate(offsets)
             )
             assert got[n, y, x] == expected
+
+
+def test_ternary_codes_of_a_hand_worked_patch():
+    # centre 50, t = 5; neighbours right 60, down-right 52, down 40, down-left 50, left 56,
+    # up-left 44, up 45, up-right 70. Upper (>= 55): right, left, up-right = bits 0, 4, 7 = 145;
+    # lower (<= 45): down, up-left, up = bits 2, 5, 6 = 100; 52 and 50 are neither
+    patch = np.array([[[44, 45, 70], [56, 50, 60], [50, 40, 52]]], dtype=np.uint8)
+    upper, lower = ltp_codes(patch, 1, 5.0)
+    assert (upper.tolist(), lower.tolist()) == ([[[145]]], [[[100]]])
+    # a flat patch: no neighbour is t above or below the centre
+    assert [c.tolist() for c in ltp_codes(np.full((1, 3, 3), 7), 1, 1.0)] == [[[[0]]], [[[0]]]]
+
+
+def test_ternary_codes_match_a_pixel_by_pixel_loop():
+    # small grey range so that many differences fall exactly on the threshold
+    images = np.random.default_rng(4).integers(100, 110, (2, 9, 10)).astype(np.uint8)
+    offsets = [(0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1)]
+    for radius, t in ((1, 3.0), (2, 2.5)):
+        upper, lower = ltp_codes(images, radius, t)
+        assert upper.shape == lower.shape == (2, 9 - 2 * radius, 10 - 2 * radius)
+        for n, y, x in np.ndindex(*upper.shape):
+            c = int(images[n, y + radius, x + radius])
+            g = [
+                int(images[n, y + radius + dy * radius, x + radius + dx * radius])
+                for dy, dx in offsets
+            ]
+            assert upper[n, y, x] == sum((g[b] >= c + t) << b for b in range(8))
+            assert lower[n, y, x] == sum((g[b] <= c - t) << b for b in range(8))
+
+
+def test_ternary_histograms_are_the_upper_then_lower_code_histograms():
+    images = np.random.default_rng(5).integers(0, 256, (3, 20, 20)).astype(np.uint8)
+    grid = LbpGrid(scales_px=(20,), radii_px=(1, 2), cell_px=6, stride_px=4, ternary_threshold=4.0)
+    got = lbp_histograms(images, grid)
+    cells = {1: 4, 2: 3}  # cells a side at radius 1 (18 interior px) and 2 (16)
+    assert got.shape == (3, 2 * (16 + 9) * 59)
+    offset = 0
+    for radius in (1, 2):
+        for code in ltp_codes(images, radius, 4.0):
+            bins = UNIFORM_BIN[code]
+            for cy in range(cells[radius]):
+                for cx in range(cells[radius]):
+                    block = bins[:, 4 * cy : 4 * cy + 6, 4 * cx : 4 * cx + 6]
+                    counts = np.stack([np.bincount(b.ravel(), minlength=59) for b in block])
+                    np.testing.assert_allclose(
+                        got[:, offset : offset + 59], np.sqrt(counts / 36), atol=1e-6
+                    )
+                    offset += 59
+    assert offset == got.shape[1]
 
 
 def test_histograms_count_the_codes_of_every_cell():
@@ -155,6 +207,22 @@ def test_save_and_load_give_the_same_embedding(tmp_path):
     assert (loaded.grid, loaded.num_components, loaded.regularization) == (SMALL, 10, 0.7)
     np.testing.assert_array_equal(loaded(images), embedder(images))
     assert [p.name for p in tmp_path.iterdir()] == ["lbp.npz"]  # no temp file left
+    ternary = replace(SMALL, ternary_threshold=3.0)
+    embedder = LbpWccnEmbedder(ternary, num_components=10).fit(images, labels)
+    loaded = LbpWccnEmbedder.load(embedder.save(tmp_path / "ltp.npz"))
+    assert loaded.grid == ternary
+    np.testing.assert_array_equal(loaded(images), embedder(images))
+
+
+def test_files_written_before_ternary_codes_load_as_lbp(tmp_path):
+    images, labels = _people()
+    embedder = LbpWccnEmbedder(SMALL, num_components=10).fit(images, labels)
+    with np.load(embedder.save(tmp_path / "lbp.npz")) as data:
+        arrays = {k: data[k] for k in data.files if k != "ternary_threshold"}
+    np.savez(tmp_path / "older.npz", **arrays)
+    loaded = LbpWccnEmbedder.load(tmp_path / "older.npz")
+    assert loaded.grid.ternary_threshold == 0.0
+    np.testing.assert_array_equal(loaded(images), embedder(images))
 
 
 def test_a_failed_save_leaves_neither_file_nor_temp_file(tmp_path, monkeypatch):
@@ -249,5 +317,12 @@ def test_bad_use_is_refused_by_name():
         LbpGrid(stride_px=0)
     with pytest.raises(ValueError, match="radius_px"):
         lbp_codes(np.zeros((1, 4, 4)), 2)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="ternary_threshold"):
+            LbpGrid(ternary_threshold=bad)
+        with pytest.raises(ValueError, match="threshold"):
+            ltp_codes(np.zeros((1, 4, 4)), 1, bad)
+    with pytest.raises(ValueError, match="threshold"):
+        ltp_codes(np.zeros((1, 4, 4)), 1, 0.0)
     with pytest.raises(ValueError, match=r"\(N, H, W\)"):
         lbp_histograms(np.zeros((4, 4)))

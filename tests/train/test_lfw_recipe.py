@@ -136,12 +136,23 @@ def test_overlapping_split_is_refused(shared_data):
         ("recipe.lbp_weight=much", "lbp_weight"),
         ("recipe.lbp_components=0", "lbp_components"),
         ("recipe.lbp_regularization=-0.5", "lbp_regularization"),
+        ("recipe.lbp_ternary_threshold=-2", "lbp_ternary_threshold"),
+        ("recipe.lbp_ternary_threshold=.nan", "lbp_ternary_threshold"),
         ("recipe.whitening=true", "unknown recipe key"),
     ],
 )
 def test_bad_recipe_values_name_the_key_before_training(override, message):
     with pytest.raises(ValueError, match=message):
         recipe_mod.load_recipe(REPO / "configs" / "lfw_dev_val_bf16.yaml", [override])
+
+
+def test_the_recipe_lbp_keys_set_the_embedder():
+    config = REPO / "configs" / "lfw_dev_val_fused.yaml"
+    sets = ["recipe.lbp_components=900", "recipe.lbp_regularization=0.7"]
+    lbp = recipe_mod.lbp_embedder(recipe_mod.load_recipe(config, sets)[0])
+    assert (lbp.num_components, lbp.regularization, lbp.grid.ternary_threshold) == (900, 0.7, 8)
+    recipe, _ = recipe_mod.load_recipe(config, [*sets, "recipe.lbp_ternary_threshold=0"])
+    assert recipe_mod.lbp_embedder(recipe).grid.ternary_threshold == 0.0
 
 
 def test_grey_pairs_point_at_the_named_images(shared_data):

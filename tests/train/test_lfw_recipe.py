@@ -330,6 +330,20 @@ def test_fused_score_is_the_weighted_mean_of_the_two_cosines(shared_data, tmp_pa
         pytest.approx(roc_auc_score(same, cos_m)),
         pytest.approx(roc_auc_score(same, cos_d)),
     )
+    # templates: a person's images alternate between two templates, each the mean of the
+    # images' unit descriptors, renormalised; every pair of templates is scored
+    labels = split.val_labels
+    template = np.zeros(len(labels), dtype=np.int64)
+    for person in np.unique(labels):
+        rows = np.flatnonzero(labels == person)
+        template[rows] = 2 * person + np.arange(rows.size) % 2
+    ids = np.unique(template)
+    pooled = np.stack([d[template == t].mean(axis=0) for t in ids])
+    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+    i, j = np.triu_indices(len(ids), k=1)
+    scores = (pooled @ pooled.T)[i, j]
+    expected = roc_auc_score(ids[i] // 2 == ids[j] // 2, scores)
+    assert got["lbp"]["templates"]["auc"] == pytest.approx(expected, abs=1e-4)
 
 
 def _small_lbp_fits(monkeypatch) -> list:

@@ -36,10 +36,11 @@ ensemble of their normalised, concatenated embeddings, :func:`ensemble_embed`);
 ``--shift-average PX`` adds shifted copies of every image as test-time augmentation.
 
 LBP fusion (``recipe.lbp_weight`` > 0, ``configs/lfw_dev_val_fused.yaml``): a multi-scale LBP
-descriptor with PCA and within-class whitening (:class:`partialfc.eval.lbp.LbpWccnEmbedder`) is
-fitted on the training crops and fused with the model's cosine (:func:`evaluate_fused`); the
-validation reports ``model_cnn``, ``lbp`` and ``model_fused``, a final run exports the fitted
-embedder as ``export/lbp_wccn.npz``.
+descriptor (local ternary patterns with ``recipe.lbp_ternary_threshold`` > 0) with PCA and
+within-class whitening (:class:`partialfc.eval.lbp.LbpWccnEmbedder`) is fitted on the training
+crops and fused with the model's cosine (:func:`evaluate_fused`); the validation reports
+``model_cnn``, ``lbp`` and ``model_fused``, a final run exports the fitted embedder as
+``export/lbp_wccn.npz``.
 
 Margin warm-up (the initialisation blow-up of margin losses: at initialisation θ_y ≈ 90° for every
 sample and a full margin adds loss before the model has done anything wrong): zero margin for
@@ -867,7 +868,8 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
         exported = export_backbone(backbone, spec, trainer.run_dir / "export")
         result["export"] = exported.to_dict()
         if lbp is not None:  # fused at test time: fuse_embeddings(onnx(x_64), lbp(x_96), w)
-            moved = exported.onnx_path.parent / "lbp_wccn.npz"  # moved, not copied: 236 MB
+            # moved, not copied: 236 MB with LBP codes, 473 MB with LTP codes
+            moved = exported.onnx_path.parent / "lbp_wccn.npz"
             Path(result["lbp"]["path"]).replace(moved)
             result["lbp"]["path"] = result["export"]["lbp"] = str(moved)
         print(

@@ -334,7 +334,7 @@ class LbpWccnEmbedder:
                 raise ValueError(
                     f"its grid gives {expected}-dimensional descriptors, not {mean.shape[0]}"
                 )
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{path}: not a saved LbpWccnEmbedder ({err})") from None
         embedder = cls(
             grid, projection.shape[1], float(arrays["regularization"]), bool(arrays["flip"])

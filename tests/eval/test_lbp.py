@@ -273,6 +273,11 @@ def test_load_refuses_files_that_are_not_an_embedder(tmp_path):
     np.savez(tmp_path / "regridded.npz", **arrays)
     with pytest.raises(ValueError, match=r"regridded\.npz.*gives 1180-dimensional .*not 1947"):
         LbpWccnEmbedder.load(tmp_path / "regridded.npz")
+    arrays["radii_px"] = np.array([1, 2])  # the good file's grid again
+    for name, bad in (("negative", np.float64(-1.0)), ("two_thresholds", np.array([3.0, 4.0]))):
+        np.savez(tmp_path / f"{name}.npz", **{**arrays, "ternary_threshold": bad})
+        with pytest.raises(ValueError, match=rf"{name}\.npz"):
+            LbpWccnEmbedder.load(tmp_path / f"{name}.npz")
     with pytest.raises(ValueError, match=r"missing\.npz"):
         LbpWccnEmbedder.load(tmp_path / "missing.npz")
 

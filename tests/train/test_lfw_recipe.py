@@ -155,6 +155,28 @@ def test_the_recipe_lbp_keys_set_the_embedder():
     assert recipe_mod.lbp_embedder(recipe).grid.ternary_threshold == 0.0
 
 
+@pytest.mark.parametrize("preset", ["", "_bf16", "_fused"])
+def test_each_final_preset_is_its_validation_preset_on_every_development_person(preset):
+    """A final model is retrained with the recipe chosen on folds 4-5: only the folds, the
+    export, the run name and the thread count (rounding, not the recipe) may differ; a key
+    added to one preset alone fails here."""
+    from partialfc.train.config import read_config_file
+
+    val = read_config_file(REPO / "configs" / f"lfw_dev_val{preset}.yaml")
+    final = read_config_file(REPO / "configs" / f"lfw_dev_final{preset}.yaml")
+    assert sorted(final["recipe"]["train_folds"]) == sorted(
+        val["recipe"]["train_folds"] + val["recipe"]["val_folds"]
+    )
+    assert (final["recipe"]["val_folds"], final["recipe"]["export"]) == ([], True)
+    assert final["run"]["name"] == f"lfw_dev_final{preset}"
+    for config in (val, final):
+        for key in ("train_folds", "val_folds", "export"):
+            config["recipe"].pop(key, None)
+        config["run"].pop("name")
+        config["train"].pop("num_threads", None)
+    assert final == val
+
+
 def test_grey_pairs_point_at_the_named_images(shared_data):
     recipe, _ = _val_recipe(shared_data)
     split = recipe_mod.build_split(recipe)

@@ -34,6 +34,7 @@ where the training set is small.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -155,6 +156,10 @@ def lbp_histograms(
         )
     x = x.astype(np.float32)
     parts = []
+    # one buffer for every one-hot map of the batch (the first, largest, sets its size): a fresh
+    # 59-floats-per-pixel allocation per scale, radius and code pages in slowly
+    largest = max(grid.scales_px) - 2 * min(grid.radii_px)
+    buffer = torch.empty(len(x) * NUM_LBP_BINS * largest * largest)
     for side in grid.scales_px:
         if x.shape[1:] == (side, side):
             scaled = x
@@ -169,7 +174,8 @@ def lbp_histograms(
                 codes = (lbp_codes(scaled, radius),)
             for code in codes:
                 bins = torch.from_numpy(UNIFORM_BIN[code]).unsqueeze(1)
-                one_hot = torch.zeros(len(x), NUM_LBP_BINS, *bins.shape[2:])
+                shape = (len(x), NUM_LBP_BINS, *bins.shape[2:])
+                one_hot = buffer[: math.prod(shape)].view(shape).zero_()
                 one_hot.scatter_(1, bins, 1.0)
                 hist = F.avg_pool2d(one_hot, grid.cell_px, grid.stride_px)  # (N, 59, gy, gx)
                 parts.append(hist.permute(0, 2, 3, 1).reshape(len(x), -1).sqrt().numpy())

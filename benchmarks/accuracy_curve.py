@@ -230,7 +230,8 @@ def plot(runs: list[Run], out: str | Path = OUT, step_seconds: float = QUIET_STE
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8.5, 5.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(8.5, 8.2), dpi=120)
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.38)  # the legend goes below
     labels = list(dict.fromkeys(r.label for r in runs))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     for i, label in enumerate(labels):
@@ -270,7 +271,7 @@ def plot(runs: list[Run], out: str | Path = OUT, step_seconds: float = QUIET_STE
         f"minutes at {step_seconds:.3g} s/step (28x28, quiet machine, incl. evaluation)",
         fontsize=8,
     )
-    return finish_figure(fig, ax, out)
+    return finish_figure(fig, ax, out, legend_below=True)
 
 
 def main(argv=None) -> int:

@@ -110,16 +110,9 @@ def compare(record: dict, source: str) -> dict:
         predicted_phase=peak_phase,
         measured_state_gb=round(state / 1e9, 3),
         measured_working_gb=round((measured - state) / 1e9, 3),
-        predicted_working_gb=round((predicted - _state_bytes(plan)) / 1e9, 3),
+        predicted_working_gb=round((predicted - plan.state_bytes()) / 1e9, 3),
     )
     return out
-
-
-def _state_bytes(plan) -> int:
-    persistent = ("centers", "optimizer state", "AdamW per-row", "SGD momentum")
-    return sum(
-        i.bytes for i in plan.items if i.name.startswith(persistent) and "optimizer" in i.phases
-    )
 
 
 def stored_comparisons() -> list[dict]:

@@ -140,13 +140,15 @@ class RunSpec:
 class MemoryItem:
     """One allocation of rank 0: ``bytes`` in ``where`` (device | host), alive in ``phases``;
     ``category`` is one of centers, optimizer_state, active_rows, logits, gradients, gather,
-    sampling, init, other."""
+    sampling, init, other. ``persistent``: part of the run's state (centers, optimizer
+    state), as opposed to the step's working memory."""
 
     name: str
     category: str
     bytes: int
     where: str
     phases: tuple[str, ...]
+    persistent: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,10 @@ class RunPlan:
                 out[item.category] = out.get(item.category, 0) + item.bytes
         return out
 
+    def state_bytes(self) -> int:
+        """Centers and optimizer state of rank 0, wherever they live."""
+        return sum(i.bytes for i in self.items if i.persistent)
+
     def fits(self, device_memory_bytes: int, reserve_bytes: int = 0) -> bool:
         return self.peak("device") + reserve_bytes <= device_memory_bytes
 
@@ -197,6 +203,7 @@ class RunPlan:
         out = asdict(self)
         out["spec"]["global_batch"] = self.spec.global_batch
         out["peak_bytes"] = {where: self.peak(where) for where in self.peaks}
+        out["state_bytes"] = self.state_bytes()
         out["wire_bytes_per_step"] = sum(m.wire_bytes for m in self.messages)
         return out
 
@@ -312,7 +319,7 @@ def _sparse_items(spec: RunSpec, local: int, active: int, n: int):
     )
     init_where = "host" if spec.device == "cuda" else "device"
     items = [
-        MemoryItem("centers", "centers", rows * d * sb, store, PHASES),
+        MemoryItem("centers", "centers", rows * d * sb, store, PHASES, True),
         MemoryItem(
             "table fill: float32 init chunk",
             "init",
@@ -326,12 +333,13 @@ def _sparse_items(spec: RunSpec, local: int, active: int, n: int):
             tables * rows * d * stb,
             store,
             STEP,
+            True,
         ),
     ]
     if spec.optimizer == "adamw":
         items.append(
             MemoryItem(
-                "AdamW per-row step counts (int32)", "optimizer_state", rows * 4, store, STEP
+                "AdamW per-row step counts (int32)", "optimizer_state", rows * 4, store, STEP, True
             )
         )
     items.append(
@@ -442,7 +450,7 @@ def _dense_items(spec: RunSpec, local: int, active: int, n: int):
     table = rows * d * 4
     init_where = "host" if spec.device == "cuda" else "device"
     items = [
-        MemoryItem("centers (nn.Parameter)", "centers", table, "device", PHASES),
+        MemoryItem("centers (nn.Parameter)", "centers", table, "device", PHASES, True),
         MemoryItem(
             "table fill: float32 init chunk",
             "init",
@@ -451,7 +459,7 @@ def _dense_items(spec: RunSpec, local: int, active: int, n: int):
             ("init",),
         ),
         MemoryItem(
-            "SGD momentum", "optimizer_state", table if spec.momentum else 0, "device", STEP
+            "SGD momentum", "optimizer_state", table if spec.momentum else 0, "device", STEP, True
         ),
         MemoryItem("scores / softmax gradient (n x B)", "logits", n * big_b * 4, "device", STEP),
         MemoryItem(
@@ -480,9 +488,11 @@ def _paper_items(spec: RunSpec, local: int, active: int, n: int):
     )
     both = ("forward", "backward", "optimizer")
     items = [
-        MemoryItem("weight (float32)", "centers", rows * d * 4, "device", PHASES),
+        MemoryItem("weight (float32)", "centers", rows * d * 4, "device", PHASES, True),
         MemoryItem("weight gradient", "gradients", rows * d * 4, "device", both),
-        MemoryItem("optimizer state", "optimizer_state", tables * rows * d * 4, "device", both),
+        MemoryItem(
+            "optimizer state", "optimizer_state", tables * rows * d * 4, "device", both, True
+        ),
         MemoryItem("logits (B x C_local, float32)", "logits", big_b * rows * 4, "device", both),
         MemoryItem("logit gradient", "logits", big_b * rows * 4, "device", both),
         MemoryItem("gathered embeddings", "gather", big_b * d * 4, "device", both),

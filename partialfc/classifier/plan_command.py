@@ -150,7 +150,8 @@ def format_plan(plan: RunPlan, device_memory_gib: float, reserve_gib: float, per
         f"compute {s.compute_dtype} ({s.path}), {s.optimizer}"
         + (f" momentum {s.momentum}" if s.optimizer == "sgd" else "")
         + f", device {s.device}",
-        f"active rows per rank and step: {plan.active_rows:,}",
+        f"active rows per rank and step: {plan.active_rows:,}; centers + optimizer state "
+        f"{_gib(plan.state_bytes())} GiB per rank",
         "",
         f"{'allocation (rank 0)':58s} {'category':16s} {'where':6s} {'GiB':>9s}  phases",
     ]

@@ -141,6 +141,7 @@ def test_buffers_after_a_step_are_the_planned_ones(storage, optimizer, k):
     state = sum(t.nbytes() for t in opt.tables.values())
     state += opt.row_steps.numel() * 4 if optimizer == "adamw" else 0
     assert _bytes(plan, "optimizer state (") + _bytes(plan, "AdamW per-row") == state
+    assert plan.state_bytes() == pfc.centers.nbytes() + state
     assert _bytes(plan, "scores") == held(pfc._scores_buffer)
     assert _bytes(plan, "row chunk") == held(pfc._chunk_buffer)
     assert _bytes(plan, "optimizer row chunk") == held(opt._weight_scratch)

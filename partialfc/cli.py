@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "distill": ("partialfc.tools.distillation", "train a small student from a teacher checkpoint"),
     "clean": ("partialfc.tools.cleaning.command", "sub-center cleaning of a noisy training set"),
+    "plan": (
+        "partialfc.classifier.plan_command",
+        "predict a Partial FC run's per-rank memory and bytes per step; does it fit?",
+    ),
 }
 
 

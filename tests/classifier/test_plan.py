@@ -1,0 +1,219 @@
+"""The memory plan: hand-worked numbers, the layer's own buffers after a step, the project's
+measured CPU peaks, the Partial FC paper's model-parallel figures, and the command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from partialfc.classifier import PartialFC, RowSparseAdamW, RowSparseSGD
+from partialfc.classifier import storage as storage_module
+from partialfc.classifier.plan import RunSpec, plan_run
+from partialfc.cli import main
+from partialfc.losses.margins import ArcFaceMargin
+from tests.benchmarks.scripts import benchmark_script
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def _bytes(plan, prefix: str) -> int:
+    return sum(i.bytes for i in plan.items if i.name.startswith(prefix))
+
+
+# ---------------------------------------------------------------- the paper (§3.2.2)
+@pytest.mark.parametrize(
+    "gpus, total, share",
+    [
+        # 125K classes per GPU, 64 samples per GPU, d = 512, float32: weight + gradient +
+        # momentum = 3 * 4 * 512 * 125000 = 768 MB; logits + their gradient = 2 * 4 * (64 k) *
+        # 125000; gathered embeddings 64 k * 512 * 4
+        (8, 768_000_000 + 512_000_000 + 1_048_576, 0.40),
+        (80, 768_000_000 + 5_120_000_000 + 10_485_760, 0.87),
+    ],
+)
+def test_model_parallel_memory_of_the_paper(gpus, total, share):
+    plan = plan_run(RunSpec(125_000 * gpus, gpus, 64, 512, method="model-parallel"))
+    assert plan.peak("device") == total  # the paper: 1.3 GB at 8 GPUs, 5.9 GB at 80
+    assert round(total / 1e9, 1) == (1.3 if gpus == 8 else 5.9)
+    assert plan.by_category()["logits"] / total == pytest.approx(share, abs=0.005)
+
+
+# ---------------------------------------------------------------- hand-worked pieces
+def test_init_chunks_of_a_hundred_thousand_classes():
+    # chunk 0: rows 0..65535 drawn (block) and cut (out): 2 * 65536 * 2048 B; chunk 1: 34464
+    # rows twice while chunk 0's rows are still referenced: 65536 * 2048 + 2 * 34464 * 2048
+    plan = plan_run(RunSpec(100_000, 1, 256, 512, device="cpu"))
+    assert _bytes(plan, "table fill") == 134_217_728 + 2 * 70_582_272
+    assert plan.peaks["device"]["init"] == 100_000 * 2048 + 275_382_272
+
+
+def test_step_items_of_a_float32_sgd_rank():
+    plan = plan_run(RunSpec(1_000_000, 1, 256, 512, sample_rate=0.1, device="cpu"))
+    assert plan.active_rows == 100_000
+    assert _bytes(plan, "centers") == 1_000_000 * 512 * 4
+    assert _bytes(plan, "optimizer state (") == 1_000_000 * 512 * 4
+    assert _bytes(plan, "scores") == 100_000 * 256 * 4
+    assert _bytes(plan, "row chunk") == 2048 * 512 * 4  # CPU chunks of 2048 rows
+    assert plan.gemm_flops_per_step == 6 * 100_000 * 256 * 512
+
+
+def test_positives_above_the_budget_take_the_batch():
+    # r * C_local = 10 classes but a global batch of 64 can hold 64 distinct local classes
+    plan = plan_run(RunSpec(100, 1, 64, 8, sample_rate=0.1, device="cpu"))
+    assert plan.active_classes == 64
+
+
+def test_messages_of_eight_ranks():
+    plan = plan_run(RunSpec(10_000_000, 8, 128, 512))
+    by_name = {m.name.split(" (")[0]: m for m in plan.messages}
+    gathered = 1024 * 512 * 4
+    assert by_name["embeddings"].bytes == gathered
+    assert by_name["embeddings"].wire_bytes == 7 * gathered // 8  # ring all-gather: 1,835,008
+    assert by_name["embedding gradient of the global batch"].wire_bytes == 7 * gathered // 4
+    assert by_name["labels"].bytes == 1024 * 8
+    assert by_name["sum of exp and target logit"].bytes == 2 * 1024 * 4
+    assert plan_run(RunSpec(10_000_000, 1, 128, 512)).messages == []
+    paper = {m.name: m for m in plan_run(RunSpec(10**6, 8, 128, method="model-parallel")).messages}
+    assert paper["embedding gradient"].op == "reduce_scatter"
+    assert paper["embedding gradient"].wire_bytes == 7 * gathered // 8
+
+
+def test_host_storage_keeps_the_tables_on_the_host():
+    spec = RunSpec(10_000_000, 1, 512, 512, storage="host", storage_dtype="bfloat16")
+    plan = plan_run(spec)
+    on_host = {i.name for i in plan.items if i.where == "host"}
+    assert {"centers", "optimizer state (1 tables, bfloat16)"} <= on_host
+    assert _bytes(plan, "device copy of the active rows") == 1_000_000 * 512 * 4
+    # rows, their momentum (bfloat16 both) and the row indices, each way
+    assert plan.bus_bytes_per_step == 2 * 1_000_000 * 512 * (2 + 2) + 2 * 1_000_000 * 8
+    assert plan.peak("host") >= 2 * 10_000_000 * 512 * 2
+
+
+def test_device_chunks_and_noise_pool_on_a_gpu():
+    plan = plan_run(RunSpec(10_000_000, 8, 128, 512, storage_dtype="bfloat16"))
+    assert _bytes(plan, "row chunk") == 65536 * 512 * 4
+    # 65536 x 512 values per write -> a pool of 2^25 int32 values, stored twice
+    assert _bytes(plan, "stochastic-rounding") == 2 * 2**25 * 4
+
+
+def test_fit_and_errors():
+    plan = plan_run(RunSpec(64_000_000, 8, 128, 512))
+    assert plan.fits(80 * 2**30) and not plan.fits(32 * 2**30)
+    big = plan_run(RunSpec(128_000_000, 8, 128, 512))  # 16M classes per rank
+    assert 67 * 2**30 < big.peak("device") < 68 * 2**30  # 2 x 32.8 GB of table + 6.6 GB scores
+    assert big.fits(80 * 2**30, 12 * 2**30) and not big.fits(80 * 2**30, 13 * 2**30)
+    with pytest.raises(ValueError, match="batch_per_rank must be a positive integer"):
+        plan_run(RunSpec(1000, 1, 0))
+    with pytest.raises(ValueError, match="sample_rate must be in"):
+        plan_run(RunSpec(1000, sample_rate=1.5))
+    with pytest.raises(ValueError, match="method dense"):
+        plan_run(RunSpec(1000, storage_dtype="bfloat16", method="dense"))
+
+
+# ---------------------------------------------------------------- the layer's own buffers
+@pytest.mark.parametrize(
+    "storage, optimizer, k",
+    [(torch.float32, "sgd", 1), (torch.bfloat16, "sgd", 1), (torch.bfloat16, "adamw", 2)],
+)
+def test_buffers_after_a_step_are_the_planned_ones(storage, optimizer, k):
+    classes, d, batch, rate = 30_000, 16, 32, 0.1
+    pfc = PartialFC(
+        classes, d, ArcFaceMargin(), sample_rate=rate, num_subcenters=k, storage_dtype=storage
+    )
+    opt = RowSparseAdamW(pfc) if optimizer == "adamw" else RowSparseSGD(pfc, lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, d, generator=gen, requires_grad=True)
+    pfc(x, torch.randint(0, classes, (batch,), generator=gen)).backward()
+    opt.step()
+    dtype = str(storage).removeprefix("torch.")
+    plan = plan_run(
+        RunSpec(classes, 1, batch, d, rate, k, dtype, optimizer=optimizer, device="cpu")
+    )
+
+    def held(buffer):
+        return buffer._storage.numel() * buffer._storage.element_size()
+
+    assert plan.active_rows == pfc.budget * k
+    assert _bytes(plan, "centers") == pfc.centers.nbytes()
+    state = sum(t.nbytes() for t in opt.tables.values())
+    state += opt.row_steps.numel() * 4 if optimizer == "adamw" else 0
+    assert _bytes(plan, "optimizer state (") + _bytes(plan, "AdamW per-row") == state
+    assert plan.state_bytes() == pfc.centers.nbytes() + state
+    assert _bytes(plan, "scores") == held(pfc._scores_buffer)
+    assert _bytes(plan, "row chunk") == held(pfc._chunk_buffer)
+    assert _bytes(plan, "optimizer row chunk") == held(opt._weight_scratch)
+    assert _bytes(plan, "center gradient chunk") == held(opt._grad_scratch)
+    assert _bytes(plan, "optimizer state chunks") == sum(held(b) for b in opt._scratch.values())
+    if storage == torch.bfloat16:
+        assert _bytes(plan, "staging chunk of the centers") == held(pfc.centers._staging)
+        stagings = sum(held(t._staging) for t in opt.tables.values())
+        assert _bytes(plan, "optimizer state staging") == stagings
+        pools = storage_module._NOISE_POOLS
+        assert _bytes(plan, "stochastic-rounding") == sum(
+            p.numel() * 4 for (dev, _), p in pools.items() if dev == "cpu"
+        )
+
+
+# ---------------------------------------------------------------- measured CPU peaks
+@pytest.fixture(scope="module")
+def bench():
+    with benchmark_script("bench_plan") as module:
+        yield module
+
+
+def test_stored_cpu_peaks_from_1e5_to_1e7_within_15_percent(bench):
+    rows = [r for r in bench.stored_comparisons() if r["num_classes"] >= 100_000]
+    assert len(rows) >= 30 and max(r["num_classes"] for r in rows) == 10_000_000
+    off = [r for r in rows if not 0.85 <= r["ratio"] <= 1.15]
+    assert not off, off
+
+
+def test_configurations_measured_for_the_plan_within_15_percent(bench):
+    report = json.loads((RESULTS / "plan_vs_measured_cpu.json").read_text())
+    measured = report["measured"]
+    assert {r.get("optimizer") for r in measured} >= {"adamw"}
+    for record in measured:
+        again = bench.compare(
+            dict(
+                record,
+                layer_peak_gb=record["measured_peak_gb"],
+                state_gb=record["measured_state_gb"],
+            ),
+            "measured here",
+        )
+        assert 0.85 <= again["ratio"] <= 1.15, record
+
+
+# ---------------------------------------------------------------- the command
+def test_command_json(capsys):
+    argv = ["plan", "--classes", "64000000", "--ranks", "8", "--batch", "128", "--json"]
+    assert main(argv + ["--device-memory-gib", "80"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["classes_per_rank"] == 8_000_000 and out["active_rows"] == 800_000
+    assert out["fits"] is True
+    assert out["peak_bytes"]["device"] == plan_run(RunSpec(64_000_000, 8, 128)).peak("device")
+    assert main(argv + ["--device-memory-gib", "32"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is False
+
+
+def test_command_table(capsys):
+    assert main(["plan", "--classes", "1000000", "--ranks", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "scores / softmax gradient" in out and "fits in 80 GiB" in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--batch", "0"], "--batch must be a positive integer, got 0"),
+        (["--sample-rate", "0"], "--sample-rate must be in (0, 1], got 0.0"),
+        (["--device-memory-gib", "-1"], "--device-memory-gib must be"),
+        (["--compute-dtype", "float16", "--device", "cpu"], "float16 needs device cuda"),
+    ],
+)
+def test_command_names_the_bad_option(capsys, extra, message):
+    assert main(["plan", "--classes", "1000"] + extra) == 2
+    assert message in capsys.readouterr().err

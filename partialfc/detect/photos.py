@@ -17,15 +17,29 @@ import numpy as np
 
 from partialfc.detect.base import Face, FaceDetector, as_rgb, largest_face
 
-DETECTORS = ("mtcnn",)
+DETECTORS = ("mtcnn", "scrfd")
 
 
 def load_detector(name: str = "mtcnn", device: str = "cpu", **options) -> FaceDetector:
-    """A detector by name (``"mtcnn"``); ``options`` go to its constructor."""
+    """A detector by name; ``options`` go to its constructor.
+
+    ``"mtcnn"``: the bundled MTCNN; ``"scrfd"``: an SCRFD ONNX, ``path=`` the ``.onnx`` file or
+    an InsightFace model pack folder holding one.
+    """
     if name == "mtcnn":
         from partialfc.detect.mtcnn import MTCNN
 
         return MTCNN(device=device, **options)
+    if name == "scrfd":
+        from partialfc.detect.scrfd import SCRFD, find_scrfd_onnx
+
+        options = dict(options)
+        path = Path(options.pop("path", ""))
+        if path.is_dir():
+            path = find_scrfd_onnx(path)
+        elif not path.is_file():
+            raise ValueError(f"{path}: no SCRFD .onnx file or model pack folder there")
+        return SCRFD(path, device=device, **options)
     raise ValueError(f"unknown face detector {name!r}; choose from {', '.join(DETECTORS)}")
 
 

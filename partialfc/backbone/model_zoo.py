@@ -2,7 +2,8 @@
 preprocessing (the rules of InsightFace's ``model_zoo`` router and ``ArcFaceONNX``).
 
 A **recognition graph**: one image input ``(N, 3, S, S)`` with a fixed side ``S >= 112``
-divisible by 16, and one output ``(N, d)``.
+divisible by 16 other than 192 (the side InsightFace routes to its landmark models), and one
+output ``(N, d)``.
 
 Its **preprocessing**: the aligned crop (ArcFace five-point template scaled to ``S``) is fed
 in RGB channel order (InsightFace reads BGR images and swaps R and B when it builds the
@@ -25,6 +26,7 @@ from partialfc.onnx_layout import OnnxLayout, read_onnx_layout
 # (mean, std) in 0-255 pixel units, as InsightFace's ArcFaceONNX states them
 INSIGHTFACE_NORMALISATION = (127.5, 127.5)
 IN_GRAPH_NORMALISATION = (0.0, 1.0)
+LANDMARK_SIDE = 192  # InsightFace's router takes 192x192 inputs for landmark models
 _SUB_PREFIXES = ("Sub", "_minus")
 _MUL_PREFIXES = ("Mul", "_mul")
 
@@ -39,6 +41,8 @@ def recognition_problem(layout: OnnxLayout) -> str | None:
     side_h, side_w = shape[2:]
     if not (isinstance(side_h, int) and side_h == side_w and side_h >= 112 and side_h % 16 == 0):
         return f"input sides {side_h}x{side_w} are not one fixed S >= 112 divisible by 16"
+    if side_h == LANDMARK_SIDE:
+        return f"input sides {side_h}x{side_w}: an InsightFace landmark model"
     if len(layout.outputs) != 1 or len(layout.outputs[0][1]) != 2:
         shapes = [s for _, s in layout.outputs]
         return f"outputs {shapes} are not one (N, d) embedding"
@@ -97,5 +101,5 @@ def find_recognition_onnx(folder: str | os.PathLike) -> Path:
     held = "; ".join(found) if found else "no .onnx files"
     raise ValueError(
         f"{folder}: no recognition ONNX (one input (N, 3, S, S), S >= 112 divisible by 16, "
-        f"one (N, d) output) in the folder; found: {held}"
+        f"not 192, one (N, d) output) in the folder; found: {held}"
     )

@@ -5,7 +5,8 @@ Face Detection", ICLR 2022; decoding as InsightFace's ``SCRFD`` class.
 
 **Graph layout.** One input ``(1, 3, H, W)``; ``3·F`` outputs (``F`` strides) in groups of
 ``F``: scores ``(K_s, 1)``, box distances ``(K_s, 4)``, and with landmarks keypoint offsets
-``(K_s, 10)`` (a leading batch axis of 1 is allowed). 6 or 9 outputs: strides 8, 16, 32 with
+``(K_s, 10)`` (a leading batch axis of 1 is allowed; a last axis the graph leaves free is
+accepted). 6 or 9 outputs: strides 8, 16, 32 with
 two anchors per cell; 10 or 15 outputs: strides 8 ... 128 with one anchor. ``K_s = (H // s) ·
 (W // s) · anchors``, cells in row-major order, the anchors of one cell consecutive.
 
@@ -57,7 +58,8 @@ def layout_problem(layout: OnnxLayout) -> str | None:
     strides = len(LAYOUTS[count][0])
     for index, (name, out) in enumerate(layout.outputs):
         width = GROUP_WIDTHS[index // strides]
-        if len(out) not in (2, 3) or out[-1] != width:
+        # a width the graph leaves free (a name) is accepted; a fixed one must match
+        if len(out) not in (2, 3) or (isinstance(out[-1], int) and out[-1] != width):
             return f"output {index} ({name}) has shape {out}, expected (K, {width})"
     return None
 

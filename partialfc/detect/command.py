@@ -99,7 +99,10 @@ def detector_from_args(args: argparse.Namespace):
     size = int(getattr(args, "scrfd_size", 640))
     if size < 32:
         raise ValueError(f"--scrfd-size must be at least 32 pixels, got {size}")
-    return _scrfd(str(choice), device, size, float(getattr(args, "scrfd_threshold", 0.5)))
+    threshold = float(getattr(args, "scrfd_threshold", 0.5))
+    if not 0 <= threshold <= 1:
+        raise ValueError(f"--scrfd-threshold must be in [0, 1], got {threshold}")
+    return _scrfd(str(choice), device, size, threshold)
 
 
 def _pack_detector(model: str) -> bool:

@@ -16,7 +16,11 @@ dependency of partialfc). No weights are downloaded: the ONNX files are built he
 * **detection**: an SCRFD-shaped graph of random convolutions (strides 8/16/32, two anchors,
   keypoints; free input size) and the red-channel graph of the tests: partialfc's ``SCRFD``
   against InsightFace's ``SCRFD.detect(input_size=(640, 640))`` on LFW photos, a two-face
-  collage and ORL photos: same count per image, max |delta| of boxes, keypoints and scores.
+  collage and ORL photos: same count per image, max |delta| of boxes, keypoints and scores;
+* **model pack**: a folder with the random SCRFD as ``det_10g.onnx``, the bare ``iresnet_small``
+  as ``w600k_r50.onnx`` and two graphs both sides ignore, through partialfc (detector and
+  embedder from the folder, every face aligned) and InsightFace's ``FaceAnalysis``: same faces,
+  max |delta| of keypoints and raw embeddings, min cosine.
 
     python benchmarks/insightface_onnx_interop.py \
         --insightface-python /work/venv-insightface/bin/python [--shared ../shared/data] \
@@ -29,6 +33,7 @@ import argparse
 import io
 import json
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -73,6 +78,16 @@ for name in task["detection"]:
         det, kps = detector.detect(np.ascontiguousarray(rgb[..., ::-1]), input_size=(640, 640))
         np.save(work / f"{name}.{k}.det.npy", det)
         np.save(work / f"{name}.{k}.kps.npy", kps)
+from insightface.app import FaceAnalysis
+
+app = FaceAnalysis(name="pack", root=str(work), allowed_modules=["detection", "recognition"],
+                   providers=["CPUExecutionProvider"])
+app.prepare(ctx_id=-1, det_size=(640, 640))
+for k, rgb in enumerate(detection_photos):
+    faces = app.get(np.ascontiguousarray(rgb[..., ::-1]))
+    emb = [f.embedding for f in faces]
+    np.save(work / f"pack.{k}.emb.npy", np.array(emb) if emb else np.zeros((0, 1)))
+    np.save(work / f"pack.{k}.kps.npy", np.array([f.kps for f in faces]).reshape(len(faces), 5, 2))
 print(json.dumps({"insightface": insightface.__version__}))
 """
 
@@ -146,6 +161,51 @@ def orl_photos(shared: Path, count: int) -> list[np.ndarray]:
     return [np.repeat(np.asarray(image)[..., None], 3, axis=2) for image in images]
 
 
+def compare_pack(pack: Path, work: Path, photos: list[np.ndarray]) -> dict:
+    """partialfc with the pack folder as detector and embedder (every face of each photo,
+    aligned, raw embeddings) against InsightFace's ``FaceAnalysis`` on the same folder."""
+    from partialfc.backbone.embedder import Embedder
+    from partialfc.detect import detect_and_align, load_detector
+
+    detector = load_detector("scrfd", path=str(pack))
+    embedder = Embedder.load(pack)
+    counts, same, emb_d, kps_d, cosines = ([], []), True, 0.0, 0.0, []
+    for k, image in enumerate(photos):
+        faces = detect_and_align(image, detector, all_faces=True)
+        theirs = np.load(work / f"pack.{k}.emb.npy")
+        their_kps = np.load(work / f"pack.{k}.kps.npy")
+        counts[0].append(len(faces))
+        counts[1].append(len(theirs))
+        if len(faces) != len(theirs):
+            same = False
+            continue
+        if not faces:
+            continue
+        ours = embedder.embed_raw(np.stack([f.crop for f in faces]))
+        emb_d = max(emb_d, float(np.abs(ours - theirs).max()))
+        kps_d = max(
+            kps_d, float(np.abs(np.stack([f.face.landmarks for f in faces]) - their_kps).max())
+        )
+        cosines += list(
+            (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
+        )
+    return {
+        "files": {
+            "detector": detector.path.name,
+            "recogniser": embedder.backend.path.name,
+            "ignored": ["1k3d68.onnx", "genderage.onnx"],
+        },
+        "photos": len(photos),
+        "faces_per_photo_partialfc": counts[0],
+        "faces_per_photo_insightface": counts[1],
+        "same_count_every_photo": same,
+        "faces_compared": len(cosines),
+        "keypoints_max_abs_delta": kps_d,
+        "embeddings_max_abs_delta": emb_d,
+        "embeddings_min_cosine": float(min(cosines)) if cosines else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--insightface-python", required=True, help="python with insightface")
@@ -159,7 +219,7 @@ def main() -> None:
     from partialfc.data.align import align_face
     from partialfc.detect import largest_face, load_detector
     from partialfc.detect.scrfd import SCRFD
-    from tests.insightface_graphs import recognition_graph, scrfd_red_graph
+    from tests.insightface_graphs import other_graph, recognition_graph, scrfd_red_graph
 
     shared = Path(args.shared)
     with tempfile.TemporaryDirectory(prefix="insightface-interop-") as tmp:
@@ -196,6 +256,12 @@ def main() -> None:
         task = {"recognition": recognition, "detection": detection}
         task["detection_photos"] = len(detection_photos)
         (work / "task.json").write_text(json.dumps(task))
+        pack = work / "models" / "pack"  # laid out as InsightFace's root/models/<name>
+        pack.mkdir(parents=True)
+        (pack / "det_10g.onnx").write_bytes((work / "scrfd_random.onnx").read_bytes())
+        (pack / "w600k_r50.onnx").write_bytes((work / "iresnet_small_bare.onnx").read_bytes())
+        other_graph(pack / "1k3d68.onnx", side=192)  # landmark-shaped: ignored by both
+        other_graph(pack / "genderage.onnx", side=96)
         done = subprocess.run(
             [args.insightface_python, "-c", INSIGHTFACE_SIDE, str(work)],
             capture_output=True,
@@ -272,14 +338,13 @@ def main() -> None:
                 "keypoints_max_abs_delta": kps_d,
                 "scores_max_abs_delta": score_d,
             }
+        result["model_pack"] = compare_pack(pack, work, detection_photos)
     out = Path(args.out)
     text = json.dumps(result, indent=2)
-    # one line per list of counts
-    for key in ("faces_per_photo_partialfc", "faces_per_photo_insightface"):
-        for d in result["detection"].values():
-            text = text.replace(
-                json.dumps(d[key], indent=2).replace("\n", "\n      "), json.dumps(d[key])
-            )
+    # lists of counts on one line
+    text = re.sub(
+        r"\[([\d,\s]+)\]", lambda m: "[" + ", ".join(v.strip() for v in m[1].split(",")) + "]", text
+    )
     out.write_text(text + "\n")
     print(text)
 

@@ -5,7 +5,9 @@ A **recognition graph**: one image input ``(N, 3, S, S)`` with a fixed side ``S 
 divisible by 16 other than 192 (the side InsightFace routes to its landmark models), and one
 output ``(N, d)``.
 
-Its **preprocessing**: the aligned crop (ArcFace five-point template scaled to ``S``) is fed
+Its **preprocessing**: the aligned crop (InsightFace's ``norm_crop``: the ArcFace five-point
+template scaled by ``S / 112`` when 112 divides ``S``, else scaled by ``S / 128`` and moved
+``8 · S / 128`` pixels right) is fed
 in RGB channel order (InsightFace reads BGR images and swaps R and B when it builds the
 blob), as ``x = (pixel - m) / s`` per channel with
 
@@ -72,6 +74,7 @@ def insightface_spec(layout: OnnxLayout, embedding_dim: int | None = None) -> Pr
         raise ValueError(f"{layout.path}: the embedding width is not fixed in the graph")
     mean, std = IN_GRAPH_NORMALISATION if normalises_inside(layout) else INSIGHTFACE_NORMALISATION
     return PreprocessingSpec(
+        alignment_landmarks=None if side % 112 == 0 else _template_128(side),
         model_name=layout.path.name,
         embedding_dim=int(dim),
         input_size=(side, side),
@@ -80,6 +83,14 @@ def insightface_spec(layout: OnnxLayout, embedding_dim: int | None = None) -> Pr
         mean=(mean / 255.0,) * 3,
         std=(std / 255.0,) * 3,
     )
+
+
+def _template_128(side: int) -> tuple[tuple[float, float], ...]:
+    """InsightFace's crop template for a side that 112 does not divide (128, 256, ...)."""
+    from partialfc.data.align import ARCFACE_TEMPLATE_112
+
+    points = ARCFACE_TEMPLATE_112 * (side / 128.0) + (8.0 * side / 128.0, 0.0)
+    return tuple((float(x), float(y)) for x, y in points)
 
 
 def find_recognition_onnx(folder: str | os.PathLike) -> Path:

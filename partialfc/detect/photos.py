@@ -57,10 +57,12 @@ def detect_and_align(
     size: int = 112,
     all_faces: bool = False,
     source: str = "image",
+    template: np.ndarray | None = None,
 ) -> list[AlignedFace]:
     """Aligned crops of the largest face (default) or of every face (``all_faces``).
 
-    ``image``: uint8 RGB or grey. Returns an empty list when no face is found.
+    ``image``: uint8 RGB or grey. Returns an empty list when no face is found. ``template``:
+    the five target points in crop pixels (default: the ArcFace template scaled to ``size``).
     """
     from partialfc.data.align import align_face
 
@@ -69,7 +71,9 @@ def detect_and_align(
     if not all_faces:
         best = largest_face(faces)
         faces = [] if best is None else [best]
-    return [AlignedFace(align_face(rgb, f.landmarks, size=size), f) for f in faces]
+    return [
+        AlignedFace(align_face(rgb, f.landmarks, size=size, template=template), f) for f in faces
+    ]
 
 
 def photo_list(path: str | os.PathLike) -> tuple[list[str], np.ndarray, list[str]]:
@@ -145,6 +149,7 @@ def align_photos(
     grayscale: bool = False,
     skip_unreadable: bool = False,
     progress: str | None = None,
+    template: np.ndarray | None = None,
 ) -> AlignedPhotos:
     """Detect and align every photo; photos with no face are listed, not fatal.
 
@@ -169,7 +174,9 @@ def align_photos(
                 raise
             result.unreadable[path] = str(err)
             continue
-        found = detect_and_align(image, detector, size=size, all_faces=True, source=path)
+        found = detect_and_align(
+            image, detector, size=size, all_faces=True, source=path, template=template
+        )
         if not found:
             result.no_face.append(path)
             continue

@@ -118,3 +118,18 @@ def test_insightface_arcface_onnx_agrees(tmp_path):
     rgb = _crops(4)
     theirs = model.get_feat([np.ascontiguousarray(c[..., ::-1]) for c in rgb])
     np.testing.assert_allclose(Embedder.load(path).embed_raw(rgb), theirs, atol=1e-4)
+
+
+def test_a_128_pixel_graph_takes_insightface_shifted_template(tmp_path):
+    spec = insightface_spec(read_onnx_layout(recognition_graph(tmp_path / "r.onnx", side=128)))
+    # norm_crop for 128: the 112 template at scale 128 / 128 moved 8 pixels right
+    expected = [
+        [46.2946, 51.6963],
+        [81.5318, 51.5014],
+        [64.0252, 71.7366],
+        [49.5493, 92.3655],
+        [78.7299, 92.2041],
+    ]
+    np.testing.assert_allclose(spec.alignment_landmarks, expected, atol=1e-9)
+    big = insightface_spec(read_onnx_layout(recognition_graph(tmp_path / "b.onnx", side=224)))
+    assert big.alignment_landmarks is None  # 112 divides 224: the template scaled, the default

@@ -113,3 +113,22 @@ def test_detector_option_refuses_a_folder_without_scrfd(tmp_path, photos, capsys
     err = capsys.readouterr().err
     assert f"{folder}: no SCRFD detection ONNX" in err
     assert "w600k_r50.onnx (input (None, 3, 112, 112), 1 output)" in err
+
+
+def test_a_128_pixel_recogniser_aligns_on_insightface_template(tmp_path, photos):
+    folder = tmp_path / "pack128"
+    folder.mkdir()
+    scrfd_red_graph(folder / "det.onnx")
+    recognition_graph(folder / "rec.onnx", side=128)
+    out = tmp_path / "e.npz"
+    assert main(["embed", str(folder), str(photos / "alice"), "--out", str(out), "--detect"]) == 0
+    rgb = _square(40, 64, 64)
+    face = largest_face(SCRFD(folder / "det.onnx").detect(rgb))
+    template = np.array(
+        [[46.2946, 51.6963], [81.5318, 51.5014], [64.0252, 71.7366], [49.5493, 92.3655]]
+        + [[78.7299, 92.2041]]
+    )
+    crop = align_face(rgb, face.landmarks, size=128, template=template)
+    expected = Embedder.load(folder).embed(crop[None])
+    with np.load(out) as f:
+        np.testing.assert_allclose(f["embeddings"][0], expected[0], atol=1e-5)

@@ -7,7 +7,9 @@
 * :mod:`partialfc.backbone.pixels` — the pixel normalisation ``(x / 255 - mean) / std``;
 * :mod:`partialfc.backbone.embedding` — the embedding loop and the NumPy L2 normalisation;
 * :mod:`partialfc.backbone.embedder` — :class:`Embedder`: images in, embeddings out, from any
-  stored form (PyTorch or ONNX).
+  stored form (PyTorch or ONNX, an InsightFace model pack folder).
+* :mod:`partialfc.backbone.model_zoo` — InsightFace model-zoo recognition ONNX: which graphs,
+  with what preprocessing.
 * :mod:`partialfc.backbone.fingerprint` — the SHA-256 identifying a backbone's weights, the
   same in every stored form (calibrated thresholds record it).
 

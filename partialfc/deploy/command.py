@@ -8,12 +8,14 @@
     partialfc search MODEL GALLERY.npz --query INPUT [--top-k 5] [--threshold t.json]
 
 ``MODEL`` is anything ``Embedder.load`` accepts (exported dir, .onnx, training run or
-checkpoint). ``INPUT`` is a folder of aligned faces (``root/<identity>/<image>``), a RecordIO
-``.rec`` set, or (for queries and pairs) single image files. With ``--detect`` inputs are
-photos (a file, a folder of photos or ``root/<identity>/<photo>``): the largest face of each
-(``--all-faces``: every face) is detected and aligned to the model's input first. A
-``--threshold`` file calibrated on other weights (its ``model_sha256`` differs from
-``Embedder.model_sha256``) is an error unless ``--allow-other-model``.
+checkpoint, InsightFace model pack folder; ``--preprocessing insightface`` for a model-zoo
+ONNX). With a model pack, ``--detect`` uses the pack's SCRFD detector. ``INPUT`` is a folder
+of aligned faces (``root/<identity>/<image>``), a RecordIO ``.rec`` set, or (for queries and
+pairs) single image files. With ``--detect`` inputs are photos (a file, a folder of photos or
+``root/<identity>/<photo>``): the largest face of each (``--all-faces``: every face) is
+detected and aligned to the model's input first. A ``--threshold`` file calibrated on other
+weights (its ``model_sha256`` differs from ``Embedder.model_sha256``) is an error unless
+``--allow-other-model``.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             "else the trained ones; ema; raw (the trained weights)",
         )
         return
-    parser.add_argument("model", help="exported dir, .onnx file, or training checkpoint/run")
+    parser.add_argument(
+        "model",
+        help="exported dir, .onnx file, training checkpoint/run, or InsightFace model pack folder",
+    )
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto")
+    add_preprocessing_argument(parser)
     parser.add_argument("--flip", action="store_true", help="flip test: f(x) + f(mirror(x))")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -85,6 +91,18 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         _add_allow_other_model(parser)
     else:
         raise ValueError(f"unknown deploy command {command!r}")
+
+
+def add_preprocessing_argument(parser: argparse.ArgumentParser) -> None:
+    """``--preprocessing auto|stored|insightface`` (see ``partialfc.backbone.embedder``)."""
+    from partialfc.backbone.embedder import PREPROCESSING, PREPROCESSING_HELP
+
+    parser.add_argument(
+        "--preprocessing",
+        choices=PREPROCESSING,
+        default="auto",
+        help=PREPROCESSING_HELP,
+    )
 
 
 def _add_allow_other_model(parser: argparse.ArgumentParser) -> None:
@@ -228,7 +246,29 @@ def _export(args) -> int:
 def _load(args):
     from partialfc.backbone.embedder import Embedder
 
-    return Embedder.load(args.model, backend=args.backend, device=args.device)
+    embedder = Embedder.load(
+        args.model, backend=args.backend, device=args.device, preprocessing=args.preprocessing
+    )
+    note_preprocessing(f"partialfc {args.command}", embedder)
+    return embedder
+
+
+def note_preprocessing(prefix: str, embedder) -> None:
+    """Say on stderr which file runs and with what, when InsightFace's rule was applied."""
+    if getattr(embedder, "preprocessing_source", "stored") != "insightface":
+        return
+    spec = embedder.spec
+    pixels = (
+        "raw 0-255 pixels (the graph normalises itself)"
+        if spec.mean[0] == 0
+        else "(x - 127.5) / 127.5"
+    )
+    h, w = spec.input_size
+    print(
+        f"{prefix}: {embedder.backend.path}: InsightFace preprocessing: {h}x{w} aligned RGB "
+        f"crops, {pixels}",
+        file=sys.stderr,
+    )
 
 
 def _embed(args) -> int:

@@ -5,6 +5,8 @@
     faces = detector.detect(rgb_image)              # [Face(box, score, landmarks)], best first
     crops = detect_and_align(rgb_image, detector)   # [(112x112 RGB crop, Face)]
 
+    detector = load_detector("scrfd", path="buffalo_l")   # an InsightFace pack's SCRFD ONNX
+
 Any object with ``detect(image) -> list[Face]`` (:class:`FaceDetector`) can replace MTCNN.
 """
 

@@ -3,8 +3,9 @@
     partialfc align photos/ aligned/ [--size 112] [--all-faces] [--format png|jpg]
 
 ``SRC`` is ``root/<identity>/<photo>`` (crops go to ``DST/<identity>/<photo stem>.png``) or a
-folder of photos (crops go to ``DST/<photo stem>.png``). Every photo is detected with MTCNN;
-the largest face is kept (``--all-faces``: each face, as ``<stem>_<k>``). ``DST/align_report.json``
+folder of photos (crops go to ``DST/<photo stem>.png``). Every photo is detected with MTCNN
+(``--detector PACK``: the SCRFD model of an InsightFace model pack, or an SCRFD ``.onnx``); the
+largest face is kept (``--all-faces``: each face, as ``<stem>_<k>``). ``DST/align_report.json``
 lists photos with no face, with several faces, and unreadable ones, and each crop's source, box,
 score and landmarks. Exit status 0 when at least one face was aligned, 2 otherwise.
 
@@ -25,13 +26,27 @@ REPORT_FILENAME = "align_report.json"
 
 
 def add_detect_arguments(parser: argparse.ArgumentParser, with_flag: bool = True) -> None:
-    """``--detect`` (when ``with_flag``), ``--all-faces``, ``--min-face-size``."""
+    """``--detect`` (when ``with_flag``), ``--detector``, ``--all-faces``, ``--min-face-size``,
+    ``--scrfd-size``, ``--scrfd-threshold``."""
     if with_flag:
         parser.add_argument(
             "--detect",
             action="store_true",
-            help="inputs are photos: detect faces (MTCNN) and align them first",
+            help="inputs are photos: detect faces (MTCNN, or see --detector) and align them first",
         )
+    parser.add_argument(
+        "--detector",
+        action=_DetectorAction,
+        metavar="mtcnn|PACK|SCRFD.onnx",
+        help="face detector: mtcnn, an InsightFace model pack folder (its SCRFD detection ONNX, "
+        "e.g. buffalo_l/det_10g.onnx) or an SCRFD .onnx file"
+        + (
+            " (implies --detect); default: the model's own SCRFD when MODEL is a model pack "
+            "folder, else mtcnn"
+            if with_flag
+            else "; default: mtcnn"
+        ),
+    )
     parser.add_argument(
         "--all-faces",
         action="store_true",
@@ -41,14 +56,67 @@ def add_detect_arguments(parser: argparse.ArgumentParser, with_flag: bool = True
         "--min-face-size",
         type=float,
         default=20.0,
-        help="with detection: smallest face searched, in pixels (default 20)",
+        help="with MTCNN: smallest face searched, in pixels (default 20)",
+    )
+    parser.add_argument(
+        "--scrfd-size",
+        type=int,
+        default=640,
+        help="with SCRFD: side of the square network input photos are fitted into (default "
+        "640, InsightFace's det_size; a graph with fixed sides uses its own)",
+    )
+    parser.add_argument(
+        "--scrfd-threshold",
+        type=float,
+        default=0.5,
+        help="with SCRFD: smallest face score kept (default 0.5, InsightFace's det_thresh)",
     )
 
 
+class _DetectorAction(argparse.Action):
+    """``--detector X`` also sets ``--detect`` (photos are the input)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        if hasattr(namespace, "detect"):
+            namespace.detect = True
+
+
 def detector_from_args(args: argparse.Namespace):
-    """The MTCNN detector for ``--min-face-size`` [and ``--device``], built once per process."""
+    """The detector ``--detector`` names (MTCNN for ``--min-face-size``, or SCRFD for
+    ``--scrfd-size``/``--scrfd-threshold``) [on ``--device``], built once per process.
+
+    No ``--detector``: the SCRFD model of ``args.model`` when that is an InsightFace model pack
+    folder, else MTCNN.
+    """
     device = getattr(args, "device", None) or "cpu"
-    return _detector(device, float(args.min_face_size))
+    choice = getattr(args, "detector", None)
+    if choice is None:
+        model = getattr(args, "model", None)
+        choice = model if isinstance(model, str) and _pack_detector(model) else "mtcnn"
+    if choice == "mtcnn":
+        return _detector(device, float(args.min_face_size))
+    size = int(getattr(args, "scrfd_size", 640))
+    if size < 32:
+        raise ValueError(f"--scrfd-size must be at least 32 pixels, got {size}")
+    threshold = float(getattr(args, "scrfd_threshold", 0.5))
+    if not 0 <= threshold <= 1:
+        raise ValueError(f"--scrfd-threshold must be in [0, 1], got {threshold}")
+    return _scrfd(str(choice), device, size, threshold)
+
+
+def _pack_detector(model: str) -> bool:
+    """Whether ``model`` is a folder holding an SCRFD detection ONNX."""
+    from partialfc.detect.scrfd import find_scrfd_onnx
+
+    folder = Path(model)
+    if not folder.is_dir() or not any(folder.glob("*.onnx")):
+        return False
+    try:
+        find_scrfd_onnx(folder)
+    except ValueError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=4)
@@ -56,6 +124,17 @@ def _detector(device: str, min_face_size: float):
     from partialfc.detect import load_detector
 
     return load_detector("mtcnn", device=device, min_face_size=min_face_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _scrfd(path: str, device: str, size: int, threshold: float):
+    from partialfc.detect import load_detector
+
+    detector = load_detector(
+        "scrfd", device=device, path=path, input_size=(size, size), score_threshold=threshold
+    )
+    print(f"face detector: SCRFD {detector.path}", file=sys.stderr)
+    return detector
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:

@@ -50,6 +50,7 @@ def _aligned(embedder, paths, labels, args, desc: str | None) -> AlignedPhotos:
         all_faces=getattr(args, "all_faces", False),
         grayscale=spec.in_channels == 1,
         progress=desc,
+        template=spec.alignment_landmarks,
     )
 
 

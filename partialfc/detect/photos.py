@@ -17,15 +17,29 @@ import numpy as np
 
 from partialfc.detect.base import Face, FaceDetector, as_rgb, largest_face
 
-DETECTORS = ("mtcnn",)
+DETECTORS = ("mtcnn", "scrfd")
 
 
 def load_detector(name: str = "mtcnn", device: str = "cpu", **options) -> FaceDetector:
-    """A detector by name (``"mtcnn"``); ``options`` go to its constructor."""
+    """A detector by name; ``options`` go to its constructor.
+
+    ``"mtcnn"``: the bundled MTCNN; ``"scrfd"``: an SCRFD ONNX, ``path=`` the ``.onnx`` file or
+    an InsightFace model pack folder holding one.
+    """
     if name == "mtcnn":
         from partialfc.detect.mtcnn import MTCNN
 
         return MTCNN(device=device, **options)
+    if name == "scrfd":
+        from partialfc.detect.scrfd import SCRFD, find_scrfd_onnx
+
+        options = dict(options)
+        path = Path(options.pop("path", ""))
+        if path.is_dir():
+            path = find_scrfd_onnx(path)
+        elif not path.is_file():
+            raise ValueError(f"{path}: no SCRFD .onnx file or model pack folder there")
+        return SCRFD(path, device=device, **options)
     raise ValueError(f"unknown face detector {name!r}; choose from {', '.join(DETECTORS)}")
 
 
@@ -43,10 +57,12 @@ def detect_and_align(
     size: int = 112,
     all_faces: bool = False,
     source: str = "image",
+    template: np.ndarray | None = None,
 ) -> list[AlignedFace]:
     """Aligned crops of the largest face (default) or of every face (``all_faces``).
 
-    ``image``: uint8 RGB or grey. Returns an empty list when no face is found.
+    ``image``: uint8 RGB or grey. Returns an empty list when no face is found. ``template``:
+    the five target points in crop pixels (default: the ArcFace template scaled to ``size``).
     """
     from partialfc.data.align import align_face
 
@@ -55,7 +71,9 @@ def detect_and_align(
     if not all_faces:
         best = largest_face(faces)
         faces = [] if best is None else [best]
-    return [AlignedFace(align_face(rgb, f.landmarks, size=size), f) for f in faces]
+    return [
+        AlignedFace(align_face(rgb, f.landmarks, size=size, template=template), f) for f in faces
+    ]
 
 
 def photo_list(path: str | os.PathLike) -> tuple[list[str], np.ndarray, list[str]]:
@@ -131,6 +149,7 @@ def align_photos(
     grayscale: bool = False,
     skip_unreadable: bool = False,
     progress: str | None = None,
+    template: np.ndarray | None = None,
 ) -> AlignedPhotos:
     """Detect and align every photo; photos with no face are listed, not fatal.
 
@@ -155,7 +174,9 @@ def align_photos(
                 raise
             result.unreadable[path] = str(err)
             continue
-        found = detect_and_align(image, detector, size=size, all_faces=True, source=path)
+        found = detect_and_align(
+            image, detector, size=size, all_faces=True, source=path, template=template
+        )
         if not found:
             result.no_face.append(path)
             continue

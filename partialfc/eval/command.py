@@ -17,6 +17,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "evaluated as one ensemble: the mean of their cosines",
     )
     parser.add_argument("--out", required=True, help="output folder for the report")
+    from partialfc.backbone.embedder import PREPROCESSING, PREPROCESSING_HELP
+
+    parser.add_argument(
+        "--preprocessing",
+        choices=PREPROCESSING,
+        default="auto",
+        help=PREPROCESSING_HELP,
+    )
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument(
         "--bin",
@@ -152,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     members, sizes = [], []
     for path in args.model:
         try:
-            embedder = Embedder.load(path, device=args.device)
+            embedder = Embedder.load(path, device=args.device, preprocessing=args.preprocessing)
         except ValueError as err:
             print(f"partialfc eval: {err}", file=sys.stderr)
             return 2

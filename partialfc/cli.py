@@ -60,7 +60,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "evaluate": ("eval",),
     "deploy": ("export", "embed", "verify", "gallery", "search"),
     "data": ("pack", "unpack", "align", "clean"),
-    "migrate from arcface_torch": ("import-weights", "import-config"),
+    "migrate": ("import-weights", "import-config"),  # from arcface_torch
     "plan": ("plan",),
     "research tools": ("invert",),
 }

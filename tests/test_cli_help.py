@@ -50,7 +50,7 @@ def test_the_help_screen_groups_every_command_by_job(capsys):
     assert len(grouped) == len(set(grouped)), "a command sits in two groups"
     assert not _ungrouped(), f"commands without a group: {_ungrouped()}"
     assert list(GROUPS)[:4] == ["train", "evaluate", "deploy", "data"]
-    assert GROUPS["migrate from arcface_torch"] == ("import-weights", "import-config")
+    assert GROUPS["migrate"] == ("import-weights", "import-config")
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for title, names in GROUPS.items():
@@ -112,3 +112,10 @@ def test_defaults_are_rendered_readably():
     assert "flip test (default: off)" in text
     assert "folder (default: none)" in text
     assert "cpu (default) or cuda" in text and "cuda (default: cpu)" not in text
+
+
+def test_a_command_added_later_lands_in_its_group(monkeypatch):
+    assert "plan:" not in command_groups()  # no command of the group yet: no heading
+    monkeypatch.setitem(COMMANDS, "plan", ("partialfc.cli", "memory and time of a large run"))
+    screen = command_groups()
+    assert "\nplan:\n  plan" in screen and screen.index("plan:") > screen.index("data:")

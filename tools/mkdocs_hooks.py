@@ -6,8 +6,9 @@
   the site under ``_repo/`` and the link rewritten to it; a link to a file that does not exist
   is a warning, so ``mkdocs build --strict`` fails on it.
 * ``<!-- api-modules: partialfc.PKG -->`` expands into one mkdocstrings block per public module
-  of ``PKG``; a package of ``partialfc/`` without an API page, or a page for a package that is
-  gone, is a warning (a failure under ``--strict``).
+  of ``PKG`` (``<!-- api-modules: partialfc -->``: the modules directly in ``partialfc/``); a
+  package of ``partialfc/`` without an API page, or a page for a package that is gone, is a
+  warning (a failure under ``--strict``).
 * ``<!-- cli-help -->`` expands into the help screens of every ``partialfc`` command.
 """
 
@@ -29,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "partialfc"
 OUTSIDE = "_repo"  # where files of the repository outside docs/ land in the site
 LINK = re.compile(r"(\]\()([^)\s]+)(\))")
-API_MODULES = re.compile(r"<!-- api-modules: (partialfc\.[a-z_]+) -->")
+API_MODULES = re.compile(r"<!-- api-modules: (partialfc(?:\.[a-z_]+)?) -->")
 FENCE = re.compile(r"^(```|~~~)")
 
 # page (docs-relative) -> the file it is made from, for pages not stored under docs/
@@ -126,9 +127,12 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 def _public_modules(package: str) -> list[str]:
+    """Every public module of ``package``, subpackages included; for ``partialfc`` itself only
+    the modules directly in it (each package has a page of its own)."""
     root = PACKAGE.parent / package.replace(".", "/")
     names = []
-    for path in sorted(root.rglob("*.py")):
+    paths = root.glob("*.py") if package == "partialfc" else root.rglob("*.py")
+    for path in sorted(paths):
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -143,15 +147,16 @@ def _api_blocks(package: str) -> str:
 
 
 def _check_api_pages(docs: Path) -> None:
-    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} | {"partialfc"}
     pages = {}
     for page in (docs / "api").glob("*.md"):
         for match in API_MODULES.finditer(page.read_text(encoding="utf-8")):
-            pages[match.group(1).split(".")[1]] = page.name
+            pages[match.group(1).partition(".")[2] or "partialfc"] = page.name
     for package in sorted(packages - set(pages)):
+        name = "partialfc" if package == "partialfc" else f"partialfc.{package}"
         log.warning(
-            f"partialfc.{package} has no API page: add docs/api/{package}.md with "
-            f"'<!-- api-modules: partialfc.{package} -->' and list it in mkdocs.yml"
+            f"{name} has no API page: add docs/api/{package}.md with "
+            f"'<!-- api-modules: {name} -->' and list it in mkdocs.yml"
         )
     for package in sorted(set(pages) - packages):
         log.warning(f"docs/api/{pages[package]}: partialfc.{package} does not exist")

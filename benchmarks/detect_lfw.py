@@ -156,7 +156,7 @@ def main() -> None:
             "lbp": score(cosine_scores(lbp_descriptor(g), first, second)),
         }
     if args.model:
-        from partialfc.deploy.embedder import Embedder
+        from partialfc.deploy import Embedder
 
         embedder = Embedder.load(args.model)
         side = embedder.spec.input_size

@@ -37,7 +37,7 @@ ensemble of their normalised, concatenated embeddings, :func:`ensemble_embed`);
 
 LBP fusion (``recipe.lbp_weight`` > 0, ``configs/lfw_dev_val_fused.yaml``): a multi-scale LBP
 descriptor (local ternary patterns with ``recipe.lbp_ternary_threshold`` > 0) with PCA and
-within-class whitening (:class:`partialfc.eval.lbp.LbpWccnEmbedder`) is fitted on the training
+within-class whitening (:class:`partialfc.models.lbp.LbpWccnEmbedder`) is fitted on the training
 crops and fused with the model's cosine (:func:`evaluate_fused`); the validation reports
 ``model_cnn``, ``lbp`` and ``model_fused``, a final run exports the fitted embedder as
 ``export/lbp_wccn.npz``.
@@ -105,13 +105,13 @@ class RecipeConfig:
     # mean framing): grey crops are re-framed, colour photos cropped from the full 150×150
     align: bool = False
     # within-class whitening (WCCN) of the embeddings, learned on the training images and
-    # folded into the backbone's last layer (partialfc.eval.whitening); the ridge is in units
+    # folded into the backbone's last layer (partialfc.models.whitening); the ridge is in units
     # of the within-class covariance's mean eigenvalue
     whiten: bool = False
     whiten_regularization: float = 1.0
     # fuse the model with a hand-crafted descriptor learned on the same training images:
     # multi-scale uniform-LBP histograms, PCA to lbp_components dimensions and WCCN with ridge
-    # lbp_regularization (partialfc.eval.lbp); the evaluated score is the cosine of
+    # lbp_regularization (partialfc.models.lbp); the evaluated score is the cosine of
     # [ê_model, √w·ê_lbp], i.e. (cos_model + w·cos_lbp) / (1 + w) with w = lbp_weight (0 = off)
     lbp_weight: float = 0.0
     lbp_components: int = 1600
@@ -140,7 +140,7 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
         raise ValueError(f"{source}: folds must be in 0..5 (0 = the extra people), got {bad}")
     if 0 in recipe.val_folds:
         raise ValueError(f"{source}: fold 0 has no pairs; it cannot be a validation fold")
-    from partialfc.eval.whitening import WithinClassWhitening
+    from partialfc.models.whitening import WithinClassWhitening
 
     try:  # checked now rather than after training
         WithinClassWhitening(recipe.whiten_regularization)
@@ -164,9 +164,9 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
 
 
 def lbp_embedder(recipe: RecipeConfig):
-    """An unfitted :class:`partialfc.eval.lbp.LbpWccnEmbedder` with the recipe's ``lbp_*`` keys
+    """An unfitted :class:`partialfc.models.lbp.LbpWccnEmbedder` with the recipe's ``lbp_*`` keys
     (default grid, LBP or LTP codes)."""
-    from partialfc.eval.lbp import LbpGrid, LbpWccnEmbedder
+    from partialfc.models.lbp import LbpGrid, LbpWccnEmbedder
 
     return LbpWccnEmbedder(
         LbpGrid(ternary_threshold=float(recipe.lbp_ternary_threshold)),
@@ -642,10 +642,10 @@ def embed_flip_test(embed_fn, images: np.ndarray, input_size: int, flip: bool) -
 
 
 def fit_whitening(embed_fn, split: LfwSplit, recipe: RecipeConfig, input_size: int):
-    """:class:`partialfc.eval.whitening.WithinClassWhitening` of ``embed_fn``'s embeddings of
+    """:class:`partialfc.models.whitening.WithinClassWhitening` of ``embed_fn``'s embeddings of
     the training images (``f(x) + f(mirror(x))`` with the flip test, as in evaluation) and
     their identities, with ``recipe.whiten_regularization``."""
-    from partialfc.eval.whitening import WithinClassWhitening
+    from partialfc.models.whitening import WithinClassWhitening
 
     raw = embed_flip_test(embed_fn, split.train_images, input_size, recipe.flip_test)
     return WithinClassWhitening(recipe.whiten_regularization).fit(raw, split.train_labels)
@@ -684,7 +684,7 @@ def evaluate_validation(
 
 
 def fit_lbp(split: LfwSplit, recipe: RecipeConfig):
-    """:class:`partialfc.eval.lbp.LbpWccnEmbedder` fitted on the split's training images (the
+    """:class:`partialfc.models.lbp.LbpWccnEmbedder` fitted on the split's training images (the
     96×96 crops, aligned as the recipe says) with the recipe's ``lbp_*`` settings."""
     return lbp_embedder(recipe).fit(split.train_images, split.train_labels)
 
@@ -695,7 +695,7 @@ def evaluate_fused(embed_fn, input_size: int, lbp, split: LfwSplit, recipe: Reci
     ``recipe.lbp_weight`` (the cosine of ``[ê_model, √w·ê_lbp]``): keys ``model_cnn``, ``lbp``
     and ``model_fused``."""
     from partialfc.eval import l2_normalize
-    from partialfc.eval.lbp import fuse_embeddings
+    from partialfc.models.lbp import fuse_embeddings
 
     pair_sets = {s: pair_images(recipe, split, s) for s in recipe.pair_sources}
     colour_images = pair_sets["colour"].images if "colour" in pair_sets else split.val_images[:1]

@@ -5,7 +5,7 @@
         [--models RUN [RUN ...] --weights 1,2,3,5] --out runs/lfw_lbp_fusion.json
 
 The descriptors of the training, validation and colour pair images
-(:class:`partialfc.eval.lbp.LbpWccnEmbedder`, grid and codes of the recipe's ``lbp_*`` keys) are
+(:class:`partialfc.models.lbp.LbpWccnEmbedder`, grid and codes of the recipe's ``lbp_*`` keys) are
 computed once; every (components, ridge) pair is then fitted on the training people only and
 scored on the validation pairs of ``recipe.pair_sources`` (threshold from the other fold) and
 all-vs-all.
@@ -71,7 +71,7 @@ def run(recipe, components, ridges, models=(), weights=(), grid=None) -> dict:
     ``grid`` (default: the recipe's, :func:`lfw_face_recipe.lbp_embedder`) is where the
     histograms are taken and which codes."""
     from partialfc.eval import l2_normalize
-    from partialfc.eval.lbp import LbpWccnEmbedder, fuse_embeddings
+    from partialfc.models.lbp import LbpWccnEmbedder, fuse_embeddings
 
     grid = grid or recipe_mod.lbp_embedder(recipe).grid
 

@@ -12,7 +12,7 @@ sources of ``recipe.pair_sources`` (threshold from the other fold):
 
 - ``cosine``: the cosine of the raw embeddings (the recipe's ``model_unwhitened``);
 - ``wccn λ``: cosine after within-class whitening with ridge ``λ``
-  (:class:`partialfc.eval.whitening.WithinClassWhitening`; ``λ = 1`` is the recipe's);
+  (:class:`partialfc.models.whitening.WithinClassWhitening`; ``λ = 1`` is the recipe's);
 - ``wccn 1 centred``: the same, minus the whitened training mean before the cosine;
 - ``wccn 1 + lda k``: cosine after whitening and a projection onto the ``k`` directions of
   largest between-class scatter (Fisher LDA: Belhumeur, Hespanha & Kriegman, "Eigenfaces vs.
@@ -170,7 +170,7 @@ def scoring_rules(
     """``name → (transform, score)``: each rule's map of raw embeddings (learned on ``train``
     and ``labels``) and its pair score of two mapped embedding arrays."""
     from partialfc.eval import l2_normalize
-    from partialfc.eval.whitening import WithinClassWhitening
+    from partialfc.models.whitening import WithinClassWhitening
 
     rules = {"cosine": (lambda x: x, _cosine)}
     for lam in lambdas:

@@ -6,7 +6,7 @@
 Each ``RUN`` is a run folder (or export) of ``configs/omniglot_select.yaml`` trained without the
 ``--holdout`` background alphabets. The drawings of the classes it trained on are embedded once;
 within-class covariance normalisation (WCCN; Hatch, Kajarekar & Stolcke, ICSLP 2006, §2;
-:class:`partialfc.eval.whitening.WithinClassWhitening`) is learned on them for each ridge ``λ``
+:class:`partialfc.models.whitening.WithinClassWhitening`) is learned on them for each ridge ``λ``
 and the ``omniglot_holdout`` protocol (100 episodes of 20-way one-shot and all pairs of the
 held-out drawings) is run with the plain cosine and with each whitening. Nothing of the
 held-out or evaluation alphabets is used to learn the map. The JSON lists, per run and scoring
@@ -52,7 +52,7 @@ def evaluate_run(path: str, holdout: str, lambdas: list[float], batch_size: int 
     from partialfc.backbone.embedder import Embedder
     from partialfc.data.loaders import load_omniglot
     from partialfc.data.omniglot_holdout import resolve_holdout_alphabets
-    from partialfc.eval.whitening import WithinClassWhitening
+    from partialfc.models.whitening import WithinClassWhitening
     from partialfc.train.evaluation import build_protocols
 
     spec = int(holdout) if holdout.isdigit() else holdout.split(",")

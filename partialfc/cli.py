@@ -14,7 +14,7 @@ import sys
 
 DESCRIPTION = (
     "Train identity-embedding models with margin-softmax and Partial FC heads, evaluate them "
-    "honestly, and use them (export, embed, verify, search)."
+    "honestly, and use them (export, embed, verify, search a gallery)."
 )
 
 # command name -> (module implementing it, one-line help)
@@ -36,7 +36,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("partialfc.deploy.command", "export a trained backbone to ONNX + safetensors"),
     "embed": ("partialfc.deploy.command", "embed a folder of aligned faces or a .rec set"),
     "verify": ("partialfc.deploy.command", "score image pairs with a calibrated threshold"),
-    "search": ("partialfc.deploy.command", "enroll into / search a persistent gallery"),
+    "gallery": (
+        "partialfc.deploy.gallery_command",
+        "a persistent gallery: gallery enroll | remove | query",
+    ),
+    "search": (
+        "partialfc.deploy.command",
+        "older spelling of gallery: search MODEL GALLERY --enroll/--remove/--query",
+    ),
     "invert": (
         "partialfc.tools.inversion",
         "synthesize an input from a trained model (model inversion)",
@@ -47,6 +54,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "partialfc.classifier.plan_command",
         "predict a Partial FC run's per-rank memory and bytes per step; does it fit?",
     ),
+}
+
+# the help screen's groups, by job, in order: group title -> its commands. A command listed here
+# but not (yet) in COMMANDS is left out of the screen; tests/test_cli_help.py checks that every
+# command of COMMANDS has exactly one group.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "train": ("train", "distill"),
+    "evaluate": ("eval",),
+    "deploy": ("export", "embed", "verify", "gallery", "search"),
+    "data": ("pack", "unpack", "align", "clean"),
+    "migrate": ("import-weights", "import-config"),  # from arcface_torch
+    "plan": ("plan",),
+    "research tools": ("invert",),
+}
+
+# old command spellings that still run: name -> the note printed on stderr
+RENAMED = {
+    "search": "`partialfc search` is now `partialfc gallery enroll | remove | query` "
+    "(e.g. partialfc gallery enroll MODEL GALLERY INPUT); the old spelling still works",
 }
 
 
@@ -78,12 +104,29 @@ def version() -> str:
     return f"partialfc {__version__}"
 
 
+def command_groups() -> str:
+    """The help screen's list of commands: one heading per job, one line per command."""
+    width = max(len(name) for name in COMMANDS) + 2
+    lines = []
+    for title, names in GROUPS.items():
+        present = [name for name in names if name in COMMANDS]
+        if present:
+            lines.append(f"{title}:")
+            lines += [f"  {name:<{width}}{COMMANDS[name][1]}" for name in present]
+            lines.append("")
+    lines.append("`partialfc COMMAND --help` lists a command's options and their defaults.")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="partialfc", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        prog="partialfc",
+        usage="partialfc [-h] [--version] COMMAND ...",
+        description=DESCRIPTION,
+        epilog=command_groups(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=version())
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
@@ -111,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     name = argv[0]
+    if name in RENAMED:
+        print(f"note: {RENAMED[name]}", file=sys.stderr)
     module = importlib.import_module(COMMANDS[name][0])
     parser = command_parser(name, module)
     args = parser.parse_args(argv[1:])

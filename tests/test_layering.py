@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import partialfc
 
 ROOT = Path(partialfc.__file__).resolve().parent
@@ -86,21 +88,44 @@ def test_no_package_imports_a_higher_or_equal_layer():
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
 
-def test_modules_do_not_import_each_other_in_a_circle():
+def _reexports(init: Path) -> dict[str, str]:
+    """``{name: module}`` for every ``from partialfc.pkg.module import name`` in a package's
+    ``__init__.py``: where ``from partialfc.pkg import name`` really points."""
+    out = {}
+    package = _module_name(init)
+    for node in ast.parse(init.read_text(), str(init)).body:
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            module = ".".join((base if node.level else []) + [node.module or ""]).strip(".")
+            out.update({f"{package}.{a.asname or a.name}": module for a in node.names})
+    return out
+
+
+def _import_graph(typing_only: bool, through_packages: bool) -> dict[str, set[str]]:
+    """module -> the partialfc modules it imports (lazy ones included; ``typing_only``: also
+    those made for type checkers only). A package's ``__init__`` re-exports its modules:
+    ``through_packages`` follows ``from partialfc.pkg import Name`` to the module defining it,
+    otherwise such arrows are left out."""
     modules = {_module_name(p): p for p in _sources()}
+    packages = {n for n, p in modules.items() if p.name == "__init__.py"}
+    reexports = {}
+    for name in packages:
+        reexports.update(_reexports(modules[name]))
     graph = {}
     for name, path in modules.items():
         targets = set()
-        for _, module in _imports(path, typing_only=False):
+        for _, module in _imports(path, typing_only=typing_only):
+            if through_packages and module in reexports:
+                module = reexports[module]
             while module and module not in modules:  # "pkg.mod.Name" -> "pkg.mod"
                 module = module.rpartition(".")[0]
             if module and module != name and not name.startswith(module + "."):
                 targets.add(module)
-        graph[name] = {t for t in targets if t != "partialfc" and not t.endswith("__init__")}
+        graph[name] = {t for t in targets if t not in packages}
+    return graph
 
-    # a package's __init__ re-exports its modules; only module -> module arrows form circles
-    packages = {n for n, p in modules.items() if p.name == "__init__.py"}
-    graph = {n: {t for t in ts if t not in packages} for n, ts in graph.items()}
+
+def _circles(graph: dict[str, set[str]]) -> list[str]:
     state, stack, cycles = {}, [], []
 
     def visit(node):
@@ -117,7 +142,61 @@ def test_modules_do_not_import_each_other_in_a_circle():
     for node in sorted(graph):
         if node not in state:
             visit(node)
+    return cycles
+
+
+def test_modules_do_not_import_each_other_in_a_circle():
+    cycles = _circles(_import_graph(typing_only=False, through_packages=False))
     assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_circle_inside_a_package():
+    """Inside one package even a circle that only type checkers or a function body close (a
+    lazy import, an import through the package's ``__init__``) is refused: the modules of a
+    package form a hierarchy, a shared piece goes into a module of its own."""
+    graph = _import_graph(typing_only=True, through_packages=True)
+    inside = {n: {t for t in ts if _package(t) == _package(n)} for n, ts in graph.items()}
+    cycles = _circles(inside)
+    assert not cycles, "import circles inside a package:\n" + "\n".join(cycles)
+
+
+def _write_package(tmp_path, monkeypatch, files: dict[str, str]):
+    root = tmp_path / "partialfc"
+    for relative, text in {"__init__.py": "", **files}.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+    monkeypatch.setattr(f"{__name__}.ROOT", root)
+
+
+@pytest.mark.parametrize(
+    "closing_import",
+    [
+        "from partialfc.pkg.a import f\n",  # module level
+        "def g():\n    from partialfc.pkg.a import f\n",  # lazy
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from partialfc.pkg.a import f\n",
+        "from partialfc.pkg import f\n",  # through the package's __init__
+    ],
+)
+def test_the_check_sees_a_circle_inside_a_package(tmp_path, monkeypatch, closing_import):
+    files = {
+        "pkg/__init__.py": "from partialfc.pkg.a import f\n",
+        "pkg/a.py": "def f():\n    from partialfc.pkg.b import g\n",
+        "pkg/b.py": closing_import,
+        "other/__init__.py": "",
+        "other/c.py": "from partialfc.pkg.a import f\n",  # one way across packages: fine
+    }
+    _write_package(tmp_path, monkeypatch, files)
+    with pytest.raises(
+        AssertionError, match="partialfc.pkg.a -> partialfc.pkg.b -> partialfc.pkg.a"
+    ):
+        test_no_circle_inside_a_package()
+    files["pkg/b.py"] = "def g():\n    return 1\n"
+    _write_package(tmp_path, monkeypatch, files)
+    test_no_circle_inside_a_package()
 
 
 def test_the_check_sees_a_wrong_arrow(tmp_path, monkeypatch):

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -34,9 +33,7 @@ from torch import Tensor
 from partialfc.atomic import atomic_output, atomic_write_bytes
 from partialfc.classifier.collectives import all_gather_rows_no_grad, all_reduce_flag_all, barrier
 from partialfc.classifier.optim import RowSparseOptimizer
-
-if TYPE_CHECKING:  # PartialFC saves and loads its state through this module
-    from partialfc.classifier.partial_fc import PartialFC
+from partialfc.classifier.shard import ShardedCenters
 
 __all__ = ["save_partial_fc_checkpoint", "load_partial_fc_checkpoint", "gather_full_centers"]
 
@@ -48,18 +45,18 @@ def _shard_name(rank: int, world_size: int) -> str:
     return f"shard-{rank:05d}-of-{world_size:05d}.safetensors"
 
 
-def _local_table(pfc: PartialFC) -> Tensor:
+def _local_table(pfc: ShardedCenters) -> Tensor:
     return pfc.weight.detach() if pfc.update == "dense" else pfc.centers.data
 
 
-def _check_optimizer(optimizer, pfc: PartialFC) -> None:
+def _check_optimizer(optimizer, pfc: ShardedCenters) -> None:
     if optimizer is None:
         return
     if not isinstance(optimizer, RowSparseOptimizer) or optimizer.partial_fc is not pfc:
         raise ValueError("optimizer must be a RowSparseSGD/RowSparseAdamW of this PartialFC")
 
 
-def _agree(error: BaseException | None, pfc: PartialFC, what: str) -> None:
+def _agree(error: BaseException | None, pfc: ShardedCenters, what: str) -> None:
     """Raise on every rank if ``error`` happened on any rank."""
     ok = all_reduce_flag_all(error is None, pfc.process_group, pfc.device)
     if error is not None:
@@ -68,7 +65,7 @@ def _agree(error: BaseException | None, pfc: PartialFC, what: str) -> None:
         raise ValueError(f"{what} failed on another rank (see that rank's error)")
 
 
-def save_partial_fc_checkpoint(directory, partial_fc: PartialFC, optimizer=None) -> Path:
+def save_partial_fc_checkpoint(directory, partial_fc: ShardedCenters, optimizer=None) -> Path:
     """Write this rank's shard (and, on rank 0, the manifest). Collective: call on all ranks."""
     pfc = partial_fc
     _check_optimizer(optimizer, pfc)
@@ -157,7 +154,7 @@ def _read_manifest(directory: Path) -> dict:
     return manifest
 
 
-def _load_local(directory: Path, pfc: PartialFC, optimizer) -> dict:
+def _load_local(directory: Path, pfc: ShardedCenters, optimizer) -> dict:
     manifest = _read_manifest(directory)
     where = directory / MANIFEST
     for key, mine in (
@@ -210,7 +207,7 @@ def _load_local(directory: Path, pfc: PartialFC, optimizer) -> dict:
     return manifest
 
 
-def load_partial_fc_checkpoint(directory, partial_fc: PartialFC, optimizer=None) -> dict:
+def load_partial_fc_checkpoint(directory, partial_fc: ShardedCenters, optimizer=None) -> dict:
     """Load a checkpoint written on any number of ranks into this rank's block.
 
     Restores the centers, the sampling step and (when ``optimizer`` is given) its per-row state,
@@ -235,7 +232,7 @@ def load_partial_fc_checkpoint(directory, partial_fc: PartialFC, optimizer=None)
     return manifest
 
 
-def gather_full_centers(partial_fc: PartialFC) -> Tensor:
+def gather_full_centers(partial_fc: ShardedCenters) -> Tensor:
     """The whole ``(C * K, d)`` table as float32 on every rank (small tables: tests, export)."""
     pfc = partial_fc
     from partialfc.classifier.sharding import class_blocks

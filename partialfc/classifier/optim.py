@@ -29,16 +29,13 @@ State tensors live in :class:`~partialfc.classifier.storage.RowTable` s next to 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from partialfc.classifier.sampling import sampling_generator
+from partialfc.classifier.shard import ShardedCenters
 from partialfc.classifier.storage import ReusableBuffer, RowTable, chunk_rows
-
-if TYPE_CHECKING:  # PartialFC builds its optimizers from here (PartialFC.make_optimizer)
-    from partialfc.classifier.partial_fc import PartialFC
 
 __all__ = ["RowSparseSGD", "RowSparseAdamW", "RowSparseOptimizer"]
 
@@ -49,7 +46,7 @@ class RowSparseOptimizer(torch.optim.Optimizer):
     #: names of the per-row float state tables, in order
     state_names: tuple[str, ...] = ()
 
-    def __init__(self, partial_fc: PartialFC, defaults: dict, state_dtype=None) -> None:
+    def __init__(self, partial_fc: ShardedCenters, defaults: dict, state_dtype=None) -> None:
         if not callable(getattr(partial_fc, "consume_active_rows", None)):  # the ActiveRows source
             raise ValueError(f"expected a PartialFC, got {type(partial_fc).__name__}")
         if partial_fc.update != "sparse":
@@ -194,7 +191,7 @@ class RowSparseSGD(RowSparseOptimizer):
 
     def __init__(
         self,
-        partial_fc: PartialFC,
+        partial_fc: ShardedCenters,
         lr: float,
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
@@ -243,7 +240,7 @@ class RowSparseAdamW(RowSparseOptimizer):
 
     def __init__(
         self,
-        partial_fc: PartialFC,
+        partial_fc: ShardedCenters,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,

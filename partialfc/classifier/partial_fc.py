@@ -61,6 +61,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from partialfc.autograd import scale_gradient
+from partialfc.classifier.checkpoint import (
+    gather_full_centers,
+    load_partial_fc_checkpoint,
+    save_partial_fc_checkpoint,
+)
 from partialfc.classifier.collectives import (
     all_gather_rows,
     all_gather_rows_no_grad,
@@ -68,6 +73,8 @@ from partialfc.classifier.collectives import (
     all_reduce_max,
     world_info,
 )
+from partialfc.classifier.diagnostics import partial_fc_diagnostics
+from partialfc.classifier.optim import RowSparseAdamW, RowSparseSGD
 from partialfc.classifier.sampling import (
     sample_active_classes,
     sampling_budget,
@@ -560,8 +567,6 @@ class PartialFC(Head):
     def make_optimizer(self, settings: OptimizerSettings) -> torch.optim.Optimizer:
         """:class:`RowSparseSGD` or :class:`RowSparseAdamW` over the centers (only the active
         rows and their state move); ``update="dense"``: a torch optimizer (:class:`Head`)."""
-        from partialfc.classifier.optim import RowSparseAdamW, RowSparseSGD
-
         if self.update == "dense":
             return super().make_optimizer(settings)
         if settings.name == "sgd":
@@ -589,27 +594,19 @@ class PartialFC(Head):
 
     def save_state(self, directory, optimizer=None) -> None:
         """This rank's shard [+ optimizer state] (:func:`save_partial_fc_checkpoint`)."""
-        from partialfc.classifier.checkpoint import save_partial_fc_checkpoint
-
         save_partial_fc_checkpoint(directory, self, optimizer)
 
     def load_state(self, directory, optimizer=None) -> None:
         """This rank's rows of a checkpoint written on any number of ranks."""
-        from partialfc.classifier.checkpoint import load_partial_fc_checkpoint
-
         load_partial_fc_checkpoint(directory, self, optimizer)
 
     def diagnostics(self, embeddings: Tensor, labels: Tensor, seed: int = 0) -> dict[str, float]:
         """APCS / AMNCS / MICS of the last forward (all ranks take part; before the optimizer
         step), see :mod:`partialfc.classifier.diagnostics`."""
-        from partialfc.classifier.diagnostics import partial_fc_diagnostics
-
         return partial_fc_diagnostics(embeddings, labels, self, seed=seed)
 
     def class_centers(self) -> Tensor:
         """The whole table gathered on every rank (all ranks take part)."""
-        from partialfc.classifier.checkpoint import gather_full_centers
-
         return gather_full_centers(self)
 
     # ------------------------------------------------------------------ helpers

@@ -94,7 +94,8 @@ class RowTable:
     """``(num_rows, dim)`` values in a compact dtype with float32 reads and writes of row subsets.
 
     Args:
-        num_rows, dim: table shape.
+        num_rows: rows of the table.
+        dim: row width.
         dtype: storage dtype, float32 or bfloat16.
         storage_device: where the table lives.
         compute_device: where :meth:`read` delivers rows.

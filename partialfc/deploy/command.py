@@ -61,10 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "model",
         help="exported dir, .onnx file, training checkpoint/run, or InsightFace model pack folder",
     )
-    parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "torch", "onnx"),
+        default="auto",
+        help="auto/torch: PyTorch weights (onnxruntime for a bare .onnx file); onnx: the "
+        "exported directory's backbone.onnx with onnxruntime",
+    )
     add_preprocessing_argument(parser)
     parser.add_argument("--flip", action="store_true", help="flip test: f(x) + f(mirror(x))")
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     from partialfc.detect.command import add_detect_arguments
 
@@ -86,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--enroll", help="image folder / .rec: one template per identity")
         parser.add_argument("--remove", nargs="+", default=[], help="identities to remove")
         parser.add_argument("--query", help="image file, image folder or .rec to search")
-        parser.add_argument("--top-k", type=int, default=5)
+        parser.add_argument("--top-k", type=int, default=5, help="matches listed per query")
         parser.add_argument("--threshold", help="calibrated threshold JSON: open-set decision")
         _add_allow_other_model(parser)
     else:
@@ -213,9 +219,9 @@ def _atomic_savez(path: Path, **arrays) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         check_options(args, OPTION_RANGES)
-        return {"export": _export, "embed": _embed, "verify": _verify, "search": _search}[
-            args.command
-        ](args)
+        jobs = {"export": _export, "embed": _embed, "verify": _verify, "search": _search}
+        jobs["gallery"] = _search  # partialfc gallery enroll|remove|query (gallery_command)
+        return jobs[args.command](args)
     except (ValueError, FileNotFoundError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"partialfc {args.command}: {message}", file=sys.stderr)

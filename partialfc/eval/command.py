@@ -69,7 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="ORL faces (default root: the shared data folder)",
     )
     parser.add_argument("--ijb", metavar="ROOT", help="IJB-B/C folder with meta/ and loose_crop/")
-    parser.add_argument("--ijb-name", default="IJBC", choices=("IJBB", "IJBC"))
+    parser.add_argument(
+        "--ijb-name",
+        default="IJBC",
+        choices=("IJBB", "IJBC"),
+        help="which IJB protocol the --ijb folder holds",
+    )
     parser.add_argument(
         "--no-flip",
         action="store_true",

@@ -59,7 +59,7 @@ class EmbeddingLayer(nn.Module):
 
 def fold_linear_map(backbone: nn.Module, matrix) -> nn.Module:
     """A copy of ``backbone``, in eval mode, whose embedding is ``matrix @ f(x)`` where ``f(x)``
-    is ``backbone``'s (e.g. a whitening, :class:`partialfc.eval.whitening.WithinClassWhitening`).
+    is ``backbone``'s (e.g. a whitening, :class:`partialfc.models.whitening.WithinClassWhitening`).
 
     In eval mode the output block computes ``z = a ⊙ (W h + b) + c`` (``a = γ / √(σ² + ε)``,
     ``c = β − a ⊙ μ``: the final batch norm with its running statistics), so ``M z`` is the same

@@ -71,7 +71,9 @@ class FaceViT(nn.Module):
     """ViT backbone producing an embedding.
 
     Args:
-        dim, depth, num_heads: transformer width, number of blocks, attention heads.
+        dim: transformer width.
+        depth: number of blocks.
+        num_heads: attention heads.
         embedding_dim: output dimension; default 512.
         input_size: ``H`` or ``(H, W)``; default 112.
         in_channels: 1 or 3; default 3.

@@ -163,7 +163,9 @@ class DistillationTerm:
             student.
         teacher_centers: ``(C · K_t, d)`` teacher center table (class-major sub-centers).
         teacher_subcenters: ``K_t``; default 1.
-        feature_weight / kl_weight / temperature: defaults 1.0 / 0.1 / 1.0.
+        feature_weight: weight of the feature term; default 1.0.
+        kl_weight: weight of the KL term; default 0.1.
+        temperature: softmax temperature of the KL term; default 1.0.
     """
 
     name = "distill"

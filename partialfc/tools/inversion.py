@@ -208,12 +208,31 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
     target.add_argument("--centers", help="close-set: .npy / .safetensors center table (N, d)")
     parser.add_argument("--classes", type=int, nargs="+", help="close-set: class indices")
-    parser.add_argument("--steps", type=int, default=InversionConfig.steps)
-    parser.add_argument("--lr", type=float, default=InversionConfig.lr)
-    parser.add_argument("--bn-weight", type=float, default=InversionConfig.bn_weight)
-    parser.add_argument("--tv-weight", type=float, default=InversionConfig.tv_weight)
-    parser.add_argument("--l2-weight", type=float, default=InversionConfig.l2_weight)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--steps", type=int, default=InversionConfig.steps, help="optimisation steps"
+    )
+    parser.add_argument(
+        "--lr", type=float, default=InversionConfig.lr, help="Adam learning rate on the input"
+    )
+    parser.add_argument(
+        "--bn-weight",
+        type=float,
+        default=InversionConfig.bn_weight,
+        help="weight of the batch-norm statistics prior",
+    )
+    parser.add_argument(
+        "--tv-weight",
+        type=float,
+        default=InversionConfig.tv_weight,
+        help="weight of the total-variation prior",
+    )
+    parser.add_argument(
+        "--l2-weight",
+        type=float,
+        default=InversionConfig.l2_weight,
+        help="weight of the L2 prior on the input",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the starting noise")
 
 
 def load_centers(path: str) -> Tensor:

@@ -49,7 +49,8 @@ def test_the_recorded_runs_are_the_recipe_table(curve):
     assert preset.sd == pytest.approx(((0.945 - 0.94625) ** 2 + (0.9475 - 0.94625) ** 2) ** 0.5)
     low, high = runs[1].interval
     assert low < 378 / 400 < high and low == pytest.approx(0.9181, abs=1e-4)
-    # the current preset (README main-job table): 376 and 380 of 400 -> 94.50 +- 0.71 %
+    # the current preset (docs/omniglot_recipe.md summary table): 376 and 380 of 400
+    # -> 94.50 +- 0.71 %
     current = [r for r in runs if r.label.startswith("preset (256-d")]
     assert [(r.steps, r.seed, r.one_shot_hits, r.tar_at_far_1e3) for r in current] == [
         (1500, 0, 376, 0.6193),
@@ -57,8 +58,8 @@ def test_the_recorded_runs_are_the_recipe_table(curve):
     ]
     (group,) = [g for g in curve.seed_groups(runs) if g.label == current[0].label]
     assert (group.mean, round(group.sd, 4)) == (pytest.approx(0.945), 0.0071)
-    # the best preset (README, docs/omniglot_recipe.md): six seeds 97.17 +- 0.90 %, and three
-    # disjoint pairs of seeds as ensembles 97.67 +- 0.38 %, both above BPL's 96.7 %
+    # the best preset (README, docs/omniglot_recipe.md summary table): six seeds 97.17 +- 0.90 %,
+    # and three disjoint pairs of seeds as ensembles 97.67 +- 0.38 %, both above BPL's 96.7 %
     groups = {(g.label, g.steps): g for g in curve.seed_groups(runs)}
     best = groups["best preset (rotation classes, 10 epochs of the 4x set)", 6020]
     assert best.seeds == (0, 1, 2, 3, 4, 5)

@@ -117,6 +117,6 @@ def test_errors_print_without_extra_quotes(checkpoint, folder, tmp_path, capsys)
     gallery = tmp_path / "g.npz"
     assert main(["search", str(checkpoint), str(gallery), "--enroll", str(folder)]) == 0
     capsys.readouterr()
-    assert main(["search", str(checkpoint), str(gallery), "--remove", "alice"]) == 2
+    assert main(["gallery", "remove", str(checkpoint), str(gallery), "alice"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("partialfc search: identity") and not err.endswith('"'), err
+    assert err.startswith("partialfc gallery: identity") and not err.endswith('"'), err

@@ -132,7 +132,10 @@ def test_commands_name_the_image_with_a_non_finite_embedding(nan_model, faces, t
             ["embed", "m", "x", "--out", "e.npz", "--batch-size", "0"],
             "--batch-size must be an integer >= 1, got 0",
         ),
-        (["search", "m", "g.npz", "--top-k", "0"], "--top-k must be an integer >= 1, got 0"),
+        (
+            ["gallery", "query", "m", "g.npz", "q.png", "--top-k", "0"],
+            "--top-k must be an integer >= 1, got 0",
+        ),
         (
             ["verify", "m", "--calibrate", "x", "--far", "2"],
             "--far must be a finite number in (0, 1), got 2.0",

@@ -12,7 +12,7 @@ from tests.train.test_lfw_recipe import REPO, _saved_model
 
 
 def test_table_rows_and_a_zero_weight_fusion_is_the_model(shared_data, tmp_path):
-    from partialfc.eval.lbp import LbpGrid
+    from partialfc.models.lbp import LbpGrid
 
     recipe, _ = load_recipe(
         REPO / "configs" / "lfw_dev_val_fused.yaml",

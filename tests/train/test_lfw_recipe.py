@@ -245,7 +245,7 @@ def test_whitened_run_exports_the_whitened_embedding_and_the_lbp_embedder(
     shared_data, tmp_path, monkeypatch
 ):
     from partialfc.deploy import Embedder
-    from partialfc.eval.lbp import LbpWccnEmbedder
+    from partialfc.models.lbp import LbpWccnEmbedder
 
     fitted = _small_lbp_fits(monkeypatch)
     recipe, result = _tiny_final_run(
@@ -371,7 +371,7 @@ def test_fused_score_is_the_weighted_mean_of_the_two_cosines(shared_data, tmp_pa
 def _small_lbp_fits(monkeypatch) -> list:
     """Make the recipe fit its LBP embedder on a grid small enough for a test; returns the
     list the fitted embedders are appended to."""
-    from partialfc.eval.lbp import LbpGrid, LbpWccnEmbedder
+    from partialfc.models.lbp import LbpGrid, LbpWccnEmbedder
 
     fitted = []
 
@@ -398,7 +398,7 @@ def test_more_lbp_components_than_training_images_is_refused_before_training(sha
 
 
 def test_validation_run_with_lbp_fusion_saves_and_reports_it(shared_data, tmp_path, monkeypatch):
-    from partialfc.eval.lbp import LbpWccnEmbedder
+    from partialfc.models.lbp import LbpWccnEmbedder
 
     fitted = _small_lbp_fits(monkeypatch)
     recipe, cfg = _val_recipe(

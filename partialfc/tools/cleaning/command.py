@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help=".npy bool array (True = wrong label) for the four-group report; an .npz training "
         "set with a 'clean_labels' array provides it by itself",
     )
-    parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-size", type=int, default=512, help="images per embedding batch")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
 
 
 def _training_set(args, ckpt: Path):

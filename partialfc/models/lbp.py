@@ -21,13 +21,14 @@ projected by PCA and whitened within classes.
   descriptors is the Bhattacharyya coefficient of their histograms, averaged over cells).
 * **Learned projection**: PCA of the training descriptors to ``num_components`` dimensions, then
   within-class covariance normalisation (WCCN, Hatch, Kajarekar & Stolcke, ICSLP 2006;
-  :class:`partialfc.eval.whitening.WithinClassWhitening`) learned on the training identities.
+  :class:`partialfc.models.whitening.WithinClassWhitening`) learned on the training identities.
 
 :class:`LbpWccnEmbedder` maps ``(N, H, W)`` uint8 grey faces to ``(N, num_components)``
 embeddings compared by cosine, like a backbone's; :func:`fuse_embeddings` joins them to a
 network's embeddings so that the cosine becomes a weighted sum of the two cosines. The embedder
-is not an ``nn.Module`` (hence not in :data:`partialfc.models.MODELS`): like
-:class:`partialfc.eval.whitening.WithinClassWhitening`, which it uses, it is fitted in closed
+is a model learned without gradients, not an ``nn.Module`` (hence not in
+:data:`partialfc.models.MODELS`): like :class:`partialfc.models.whitening.WithinClassWhitening`,
+which it uses, it is fitted in closed
 form on a few thousand images (about a minute), and is meant to be fused with a trained network
 where the training set is small.
 """
@@ -182,17 +183,21 @@ def lbp_histograms(
     return np.concatenate(parts, axis=1)
 
 
+def _unit_rows(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Rows divided by their L2 norm (rows of zeros stay zero), float32."""
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
 def fuse_embeddings(model: np.ndarray, lbp: np.ndarray, lbp_weight: float) -> np.ndarray:
     """``[ê_model, √w · ê_lbp]`` (``ê`` = the row L2-normalised): the cosine of two fused
     embeddings is ``(cos_model + w · cos_lbp) / (1 + w)``, a weighted sum of the two scores
     (score-level fusion). ``lbp_weight`` (``w``) must be finite and >= 0."""
-    from partialfc.eval import l2_normalize
-
     if not np.isfinite(lbp_weight) or lbp_weight < 0:
         raise ValueError(f"lbp_weight must be finite and >= 0, got {lbp_weight}")
     if len(model) != len(lbp):
         raise ValueError(f"{len(model)} model embeddings but {len(lbp)} LBP embeddings")
-    parts = [l2_normalize(np.asarray(model)), np.sqrt(lbp_weight) * l2_normalize(np.asarray(lbp))]
+    parts = [_unit_rows(model), np.sqrt(lbp_weight) * _unit_rows(lbp)]
     return np.concatenate(parts, axis=1).astype(np.float32)
 
 
@@ -212,7 +217,7 @@ class LbpWccnEmbedder:
         regularization: float = 0.3,
         flip: bool = True,
     ):
-        from partialfc.eval.whitening import WithinClassWhitening
+        from partialfc.models.whitening import WithinClassWhitening
 
         if int(num_components) < 1:
             raise ValueError(f"num_components must be >= 1, got {num_components}")
@@ -243,7 +248,7 @@ class LbpWccnEmbedder:
         """:meth:`fit` from precomputed ``(N, D)`` descriptors (e.g. to try several component
         counts or ridges on one set): exact PCA through the ``N × N`` Gram matrix, then WCCN;
         needs more descriptors than components and one identity with two of them."""
-        from partialfc.eval.whitening import WithinClassWhitening
+        from partialfc.models.whitening import WithinClassWhitening
 
         h = np.asarray(descriptors, dtype=np.float64)
         labels = np.asarray(labels)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from partialfc.eval.lbp import (
+from partialfc.models.lbp import (
     NUM_LBP_BINS,
     UNIFORM_BIN,
     LbpGrid,
@@ -17,7 +17,7 @@ from partialfc.eval.lbp import (
     lbp_histograms,
     ltp_codes,
 )
-from partialfc.eval.whitening import WithinClassWhitening
+from partialfc.models.whitening import WithinClassWhitening
 
 SMALL = LbpGrid(scales_px=(20, 14), radii_px=(1, 2), cell_px=6, stride_px=4)
 

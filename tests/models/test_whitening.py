@@ -8,7 +8,7 @@ import pytest
 from scipy.linalg import sqrtm
 
 from partialfc.eval import roc_auc
-from partialfc.eval.whitening import WithinClassWhitening
+from partialfc.models.whitening import WithinClassWhitening
 
 
 def _people(rng, n_people=40, per_person=5, dim=6, nuisance=5.0):

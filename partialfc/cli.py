@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "distill": ("partialfc.tools.distillation", "train a small student from a teacher checkpoint"),
     "clean": ("partialfc.tools.cleaning.command", "sub-center cleaning of a noisy training set"),
+    "import-config": (
+        "partialfc.tools.arcface_torch.config_command",
+        "convert an arcface_torch config (.py, read without running it) to a YAML config",
+    ),
 }
 
 

@@ -680,6 +680,11 @@ def convert_config(
 
     path = Path(path)
     settings, base = resolve_settings(path)
+    if "rec" not in settings and rec is None:
+        raise ArcfaceConfigError(
+            f"{path}: sets no config.rec (the dataset folder: train.rec, train.idx, NAME.bin); "
+            "give one with --rec"
+        )
     data, outcomes = convert_settings(settings, path.stem, rec=rec, network=network)
     data = _in_schema_order(data, Config)
     try:

@@ -207,8 +207,6 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
         if trainer.ctx.is_main:
             trainer.console.open(trainer.run_dir / "training.log")
         say = trainer.console
-        if evaluator is not None:
-            evaluator.log = say  # each set's lines: never on the progress bar's line
         if trainer.ctx.is_main:
             _announce(trainer)
         result = trainer.fit()

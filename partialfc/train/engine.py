@@ -256,7 +256,11 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(
             "cuda", enabled=self.autocast_dtype == torch.float16 and device.type == "cuda"
         )
+        # console lines; fit() copies them to training.log in the run folder (rank 0)
+        self.console = ConsoleLog()
         self.evaluator = evaluator
+        if getattr(evaluator, "log", None) is print:  # each set's lines off the bar's line
+            evaluator.log = self.console
         self.classifier_weight = cfg.loss.classifier_weight
         self.extra_losses = list(extra_losses)
         if cfg.loss.triplet_weight > 0:
@@ -280,8 +284,6 @@ class Trainer:
         self.log = MetricsLog(None)  # fit() opens the run's metrics.jsonl
         self.resumed_step: int | None = None  # set by load_checkpoint
         self.progress = Progress(self.total_steps, 0, enabled=False)
-        # console lines; fit() copies them to training.log in the run folder (rank 0)
-        self.console = ConsoleLog()
         if cfg.checkpoint.init_from:
             self._init_backbone_from(cfg.checkpoint.init_from)
             if self.ema is not None:  # the average starts from the weights fine-tuning starts from

@@ -165,7 +165,15 @@ def summary_line(r) -> str:
     if isinstance(r, VerificationReport):
         best = max(r.tar_at_far, key=lambda t: -t.target_far, default=None)
         extra = f", TAR@FAR={best.target_far:g}: {best.tar}" if best else ""
-        return f"{r.name}: AUC {r.auc:.4f}, EER {percent(r.eer.eer)}{extra}"
+        accuracy = ""
+        if r.kfold_accuracy is not None:  # the published tables' number: mean ± std over folds
+            k = r.kfold_accuracy
+            flip = ", flip" if "flip test: True" in r.notes else ""
+            accuracy = (
+                f"{len(k.fold_accuracy)}-fold accuracy {100 * k.mean:.2f} ± {100 * k.std:.2f}%"
+                f" ({k.n_pairs} pairs{flip}), "
+            )
+        return f"{r.name}: {accuracy}AUC {r.auc:.4f}, EER {percent(r.eer.eer)}{extra}"
     if isinstance(r, IdentificationReport):
         return f"{r.name}: rank-1 {r.cmc.rank(1)}"
     return repr(r)

@@ -9,10 +9,14 @@ Several processes (one per GPU, or several CPU ranks with gloo)::
     torchrun --nproc_per_node 8 -m partialfc.cli train --config configs/ms1mv3_r50_arcface.yaml
 
 The run folder (``run.output_dir/run.name``) receives ``config.yaml`` (resolved),
-``metrics.jsonl``, ``checkpoints/`` and ``report/`` (verification report). A folder that
+``metrics.jsonl``, ``training.log`` (every console line, with the time; a resumed run appends),
+``checkpoints/`` and ``report/`` (verification report). A folder that
 already holds a run is an error unless ``--resume`` continues it or ``--overwrite`` replaces it
 (:mod:`partialfc.train.run_folder`). Training starts with a banner: the run folder, device,
-threads, classes, images, steps, precision and head.
+threads, classes, images, steps, precision and head. Without a progress bar
+(``run.progress=false``, or stderr not a terminal: ``nohup``, a cluster job) a plain line
+every ``train.log_every`` steps gives the step, loss, lr, samples/s and ETA. Each check on a
+verification set prints its own lines, with the 10-fold accuracy (mean ± std) of the pair sets.
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ def headline(summary: dict, elapsed_s: float) -> str:
     lines = [f"trained and evaluated in {elapsed_s / 60:.1f} min"]
     for name, entry in summary.items():
         parts = []
+        if "kfold_accuracy" in entry:
+            std = entry.get("kfold_accuracy_std")
+            spread = f" ± {100 * std:.2f}" if std is not None else ""
+            parts.append(f"10-fold accuracy {100 * entry['kfold_accuracy']:.2f}{spread}%")
         if "auc" in entry:
             parts.append(f"ROC AUC {entry['auc']:.4f}")
             parts.append(f"EER {percent(entry['eer'])}")
@@ -121,11 +129,15 @@ def _announce(trainer) -> None:
     from partialfc.train.threads import available_cores, load_average, oversubscription_warning
 
     if trainer.run_note:
-        print(trainer.run_note)
-    print(start_banner(trainer), flush=True)
+        trainer.console(trainer.run_note)
+    trainer.console(start_banner(trainer))
     warning = oversubscription_warning(available_cores(), load_average())
     if warning:
-        print(warning, file=sys.stderr, flush=True)
+        trainer.console(warning, error=True)
+
+
+def _print(text: str, error: bool = False) -> None:
+    print(text, file=sys.stderr if error else sys.stdout, flush=True)
 
 
 def _missing_extra(cfg) -> str | None:
@@ -177,6 +189,7 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     from partialfc.train.evaluation import Evaluator
 
     start = time.perf_counter()
+    say = _print  # the console; once the run folder is known, also its training.log
     evaluator = None
     if cfg.eval.protocols and (cfg.eval.at_end or cfg.eval.every_steps) and not args.no_eval:
         evaluator = Evaluator.from_names(
@@ -192,24 +205,28 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
         extra = make_extra_losses(cfg, ctx.device) if make_extra_losses is not None else ()
         trainer = Trainer(cfg, ctx=ctx, evaluator=evaluator, extra_losses=extra)
         if trainer.ctx.is_main:
+            trainer.console.open(trainer.run_dir / "training.log")
+        say = trainer.console
+        if trainer.ctx.is_main:
             _announce(trainer)
         result = trainer.fit()
     except (ConfigError, NonFiniteLossError, ValueError, FileNotFoundError) as err:
-        print(f"{prog}: {err}", file=sys.stderr)
+        say(f"{prog}: {err}", error=True)
         return 1
     if trainer.ctx.is_main:
-        print(
+        say(
             f"{result.steps} steps ({result.epochs_completed:.2f} epochs) in "
             f"{(time.perf_counter() - start) / 60:.1f} min; checkpoint: {result.last_checkpoint}"
         )
     if evaluator is not None and cfg.eval.at_end:
         summary = trainer.evaluate(final=True)
         if trainer.ctx.is_main and summary is not None:
-            print(headline(summary, time.perf_counter() - start))
+            say(headline(summary, time.perf_counter() - start))
             if trainer.last_ema_summary is not None:
                 from partialfc.train.evaluation import side_by_side
 
-                print(side_by_side(summary, trainer.last_ema_summary, trainer.ema.decay), end="")
-            print(f"report: {trainer.run_dir / 'report' / 'report.md'}")
+                table = side_by_side(summary, trainer.last_ema_summary, trainer.ema.decay)
+                say(table.rstrip("\n"))
+            say(f"report: {trainer.run_dir / 'report' / 'report.md'}")
     trainer.log.close()  # flushes TensorBoard / ends the MLflow run (eval scalars included)
     return 0

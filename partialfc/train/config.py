@@ -184,6 +184,7 @@ class TrainConfig:
     precision: Precision = "auto"  # "auto" = fp16 on GPU, fp32 on CPU
     device: Device = "auto"
     max_nonfinite_steps: int = 10  # stop after this many non-finite losses in a row
+    # a metrics.jsonl record every N steps, and a console line when no progress bar is shown
     log_every: int = 50
     diagnostics_every: int = 200  # APCS / AMNCS / MICS; 0 = off
     # torch intra-op threads per process: "auto" = the free cores (partialfc.train.threads),
@@ -231,7 +232,7 @@ class RunConfig:
     # when output_dir/name already holds a run: "error", "new" (name-2, name-3, ...) or
     # "overwrite"; --resume continues it (partialfc.train.run_folder)
     on_exists: OnExists = "error"
-    progress: bool = True
+    progress: bool = True  # a step bar when stderr is a terminal; else plain log_every lines
     tensorboard: bool = False
     # MLflow (pip install 'partialfc[mlflow]'): the same scalars as metrics.jsonl, config as params
     mlflow: bool = False

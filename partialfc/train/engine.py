@@ -88,7 +88,13 @@ from partialfc.train.ema import BackboneEMA
 from partialfc.train.evaluation import append_comparison
 from partialfc.train.extra_losses import ExtraLoss, StepContext, TripletTerm
 from partialfc.train.lr_schedule import WarmupLR, warmup_steps
-from partialfc.train.metrics_log import MetricsLog, Progress, drop_records_after
+from partialfc.train.metrics_log import (
+    ConsoleLog,
+    MetricsLog,
+    Progress,
+    drop_records_after,
+    step_line,
+)
 from partialfc.train.run_folder import (
     RunFolderExistsError,
     RunLock,
@@ -250,7 +256,11 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(
             "cuda", enabled=self.autocast_dtype == torch.float16 and device.type == "cuda"
         )
+        # console lines; fit() copies them to training.log in the run folder (rank 0)
+        self.console = ConsoleLog()
         self.evaluator = evaluator
+        if getattr(evaluator, "log", None) is print:  # each set's lines off the bar's line
+            evaluator.log = self.console
         self.classifier_weight = cfg.loss.classifier_weight
         self.extra_losses = list(extra_losses)
         if cfg.loss.triplet_weight > 0:
@@ -467,9 +477,10 @@ class Trainer:
         self.skipped_steps += 1
         ids = [int(i) for i in indices]
         self.log.write("nonfinite", self.step, sample_indices=ids, rank=self.ctx.rank)
-        self.progress.write(
+        self.console(
             f"step {self.step}: non-finite loss on rank {self.ctx.rank}'s batch "
-            f"(sample indices {ids[:16]}{' ...' if len(ids) > 16 else ''}); step skipped"
+            f"(sample indices {ids[:16]}{' ...' if len(ids) > 16 else ''}); step skipped",
+            error=True,
         )
         limit = self.cfg.train.max_nonfinite_steps
         if self.consecutive_nonfinite >= limit:
@@ -507,10 +518,14 @@ class Trainer:
             mlflow=self._mlflow_log() if (is_main and cfg.run.mlflow) else None,
             config=config_to_dict(cfg),
         )
+        if is_main:
+            self.console.open(self.run_dir / "training.log")
         self.progress = Progress(self.total_steps, self.step, cfg.run.progress and is_main)
+        plain_lines = is_main and not self.progress.active  # no bar: a line every log_every
         result = TrainResult(self.run_dir, self.step, self.step / self.steps_per_epoch)
         global_batch = self.global_batch * self.accumulate_steps  # samples per optimizer step
         window_t, window_steps, window_loss = time.perf_counter(), 0, []
+        fit_t, fit_step = window_t, self.step  # for the ETA
         window_terms: dict[str, dict[str, list[float]]] = {}
         try:
             while self.step < self.total_steps:
@@ -544,13 +559,24 @@ class Trainer:
                         samples_s=f"{window_steps * global_batch / max(elapsed, 1e-9):.0f}",
                     )
                     if self.step % cfg.train.log_every == 0 or self.step == self.total_steps:
+                        mean_loss = float(np.mean(window_loss)) if window_loss else float("nan")
+                        rate = window_steps * global_batch / max(elapsed, 1e-9)
+                        if plain_lines:
+                            per_step = (time.perf_counter() - fit_t) / (self.step - fit_step)
+                            eta = per_step * (self.total_steps - self.step)
+                            epoch = self.step / self.steps_per_epoch
+                            self.console(
+                                step_line(
+                                    self.step, self.total_steps, epoch, mean_loss, lr, rate, eta
+                                )
+                            )
                         self.log.write(
                             "train",
                             self.step,
                             epoch=self.step / self.steps_per_epoch,
-                            loss=float(np.mean(window_loss)) if window_loss else float("nan"),
+                            loss=mean_loss,
                             lr=lr,
-                            samples_per_s=window_steps * global_batch / max(elapsed, 1e-9),
+                            samples_per_s=rate,
                             grad_norm=getattr(self, "_last_grad_norm", float("nan")),
                             **({"margin": self._margin_state()} if self.margin is not None else {}),
                             **({"terms": _window_means(window_terms)} if window_terms else {}),

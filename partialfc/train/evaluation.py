@@ -32,7 +32,8 @@ def build_protocols(
 
 
 def summarize(reports: list) -> dict:
-    """Headline numbers per report: ``{name: {auc, eer, tar@far=…, rank1, …}}``."""
+    """Headline numbers per report: ``{name: {auc, eer, tar@far=…, kfold_accuracy(_std),
+    rank1, …}}``."""
     from partialfc.eval.reports import IdentificationReport, VerificationReport
 
     out: dict = {}
@@ -44,6 +45,7 @@ def summarize(reports: list) -> dict:
                 entry[f"k@far={t.target_far:g}"] = t.far.k
             if r.kfold_accuracy is not None:
                 entry["kfold_accuracy"] = r.kfold_accuracy.mean
+                entry["kfold_accuracy_std"] = r.kfold_accuracy.std
         elif isinstance(r, IdentificationReport):
             entry = {"rank1": r.cmc.rank(1).rate, "rank5": r.cmc.rank(min(5, len(r.cmc.hits))).rate}
         else:

@@ -1,4 +1,5 @@
-"""Where training numbers go: a JSONL file in the run folder, optional TensorBoard, a progress bar.
+"""Where training numbers go: a JSONL file in the run folder, optional TensorBoard, a progress bar
+(on a terminal) or plain periodic lines, and the console's copy in ``training.log``.
 
 Every record is one JSON object per line with ``step`` and ``kind`` (``train``, ``diagnostics``,
 ``eval``, ``nonfinite``, ...) so a run can be plotted with ``pandas.read_json(lines=True)``.
@@ -206,12 +207,56 @@ class MetricsLog:
             self._mlflow = None
 
 
+class ConsoleLog:
+    """The training console: each line printed (with ``tqdm.write``, so it never lands on a
+    progress bar's line) and, once :meth:`open` names a file, appended to it with the time
+    (``training.log`` in the run folder; a resumed run appends)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = Path(path) if path is not None else None
+
+    def open(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def __call__(self, text: str = "", error: bool = False) -> None:
+        from tqdm import tqdm
+
+        stream = sys.stderr if error else sys.stdout
+        tqdm.write(text, file=stream)
+        stream.flush()
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.path, "a") as log:
+            for line in str(text).splitlines() or [""]:
+                log.write(f"{stamp} {line}\n")
+
+
+def format_duration(seconds: float) -> str:
+    """``H:MM:SS`` (hours unbounded), e.g. ``3725.2 -> '1:02:05'``."""
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def step_line(
+    step: int, total: int, epoch: float, loss: float, lr: float, samples_per_s: float, eta_s: float
+) -> str:
+    """The plain periodic line printed when no progress bar is shown (a job's log file)."""
+    return (
+        f"step {step:,}/{total:,} (epoch {epoch:.2f}): loss {loss:.4f}, lr {lr:.3e}, "
+        f"{samples_per_s:,.0f} samples/s, ETA {format_duration(eta_s)}"
+    )
+
+
 class Progress:
-    """tqdm bar over steps showing samples/s, loss, lr and the ETA (rank 0 only)."""
+    """tqdm bar over steps showing samples/s, loss, lr and the ETA (rank 0 only), shown only
+    when asked for (``run.progress``) and stderr is a terminal; :attr:`active` says whether it
+    is, so the trainer prints plain lines instead (``nohup``, a cluster job)."""
 
     def __init__(self, total_steps: int, initial_step: int, enabled: bool):
         self._bar = None
-        if enabled:
+        if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self._bar = tqdm(
@@ -223,16 +268,14 @@ class Progress:
                 smoothing=0.1,
             )
 
+    @property
+    def active(self) -> bool:
+        return self._bar is not None
+
     def update(self, n: int, **postfix) -> None:
         if self._bar is not None:
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(n)
-
-    def write(self, text: str) -> None:
-        if self._bar is not None:
-            self._bar.write(text)
-        else:
-            print(text, file=sys.stderr)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -24,7 +24,15 @@ from partialfc.train import checkpoint as ckpt
 from partialfc.train.config import OnExists
 
 LOCK_FILE = ".lock"
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "report", "eval", "tensorboard")
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "training.log",
+    "checkpoints",
+    "report",
+    "eval",
+    "tensorboard",
+)
 ON_EXISTS = get_args(OnExists)
 
 

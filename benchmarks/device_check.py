@@ -12,7 +12,8 @@ is ``skipped``):
 1. ``environment``: device, torch, CUDA, the peak GEMM rates (vendor figures for known GPUs;
    measured with one large product in each dtype).
 2. ``agreement``: the same Partial FC steps on the GPU and on the CPU (loss, embedding gradient,
-   centers; float32, TF32 off).
+   centers; float32, TF32 off); ``compute_dtype_agreement``: float16 / bfloat16 compute against
+   float32 within the derived tolerances (docs/mixed_precision.md).
 3. ``build/...`` and ``step/...``: for C = 10^6 and 10^7 classes on this GPU, d = 512,
    r = 0.1, ArcFace, SGD (momentum 0.9, weight decay 5e-4) behind a linear "backbone" d -> d,
    precision fp32 / bf16 / fp16 (fp16 with a ``GradScaler``, as the trainer runs it), and
@@ -621,7 +622,9 @@ def process_group(device: torch.device):
             init_method=f"file://{tmp}/rdv",
             rank=0,
             world_size=1,
-            device_id=device if device.type == "cuda" else None,
+            device_id=torch.device("cuda", torch.cuda.current_device())
+            if device.type == "cuda"
+            else None,
         )
         try:
             yield
@@ -683,6 +686,11 @@ def main(argv=None) -> int:
     run.part("environment", 60, environment, device, sizes, peak)
     if device.type == "cuda":
         run.part("agreement", 60, lambda record: record.update(check_pfc_cuda_vs_cpu()))
+        run.part(
+            "compute_dtype_agreement",
+            30,
+            lambda record: record.update(check_compute_dtype_agreement()),
+        )
     with process_group(device) if reference_dir else contextlib.nullcontext():
         run_matrix(run, device, sizes, peak, reference_dir)
     run.part("summary", 10, summary, run.report["parts"])
@@ -913,6 +921,44 @@ def check_amp_training(quick: bool):
             else None,
         }
         assert finite and losses[-1] < losses[0], out[precision]
+    return out
+
+
+def check_compute_dtype_agreement():
+    """float16 / bfloat16 compute on the GPU (the native path, float32 output) against float32
+    compute: loss and gradients within the derived tolerances."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out = {"agreement": []}
+    # agreement: r = 1, small; logits move by at most s u sqrt(2/d) typically (u = 2^-8 bf16,
+    # 2^-11 fp16), gradients by 2u + s u sqrt(2/d) relative (see the precision tests)
+    c, d, b, s = 1000, 64, 64, 32.0
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(b, d, generator=gen).cuda(), torch.randint(0, c, (b,), generator=gen).cuda()
+    ref = None
+    for dtype in ("float32", "bfloat16", "float16"):
+        pfc = PartialFC(c, d, ArcFaceMargin(0.5, s), compute_dtype=dtype, device="cuda",
+                        seed=1, init_std=0.25)  # fmt: skip
+        xe = x.clone().requires_grad_(True)
+        loss = pfc(xe, y)
+        loss.backward()
+        got = (loss.item(), xe.grad.clone(), pfc.active_rows.center_grad().clone())
+        if ref is None:
+            ref = got
+            continue
+        u = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+        rel = [float((g - r).norm() / r.norm()) for g, r in zip(got[1:], ref[1:], strict=True)]
+        row = {
+            "compute_dtype": dtype,
+            "path": pfc.precision.describe(),
+            "loss_diff": abs(got[0] - ref[0]),
+            "loss_tol": s * u * math.sqrt(2 / d),
+            "grad_rel": rel,
+            "grad_rtol": 2 * u + s * u * math.sqrt(2 / d),
+        }
+        row["ok"] = row["loss_diff"] <= row["loss_tol"] and max(rel) <= row["grad_rtol"]
+        out["agreement"].append(row)
+        print(row, flush=True)
+    assert all(r["ok"] for r in out["agreement"]), out["agreement"]
     return out
 
 

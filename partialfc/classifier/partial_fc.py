@@ -3,9 +3,12 @@ al., arXiv 2010.05222 and CVPR 2022).
 
 Per step, on every rank (``N`` ranks, global batch ``B = sum_r b_r``):
 
-1. validate the local input, then all-gather ``[b_r, ok_r]``: every rank knows every batch
-   size and whether any rank's input is bad (then *all* ranks raise) before moving data;
-2. all-gather the L2-normalised embeddings (autograd-aware) and the labels;
+1. check the local input's shapes and dtypes, then (several ranks) all-gather ``[b_r, ok_r]``:
+   every rank knows every batch size and whether any rank's input is malformed (then *all*
+   ranks raise) before moving data;
+2. all-gather the L2-normalised embeddings (autograd-aware) and the labels; the host reads
+   three counts of the global labels at once (labels outside ``[0, C)``: all ranks raise;
+   local positives; local rows), the step's one read besides the negative draw's;
 3. active classes of this rank's block ``[start, stop)``: every local class that is a label in
    the global batch, plus uniformly sampled local negatives up to ``ceil(r * C_local)``;
    with sub-centers all ``K`` rows of an active class are active;

@@ -349,6 +349,21 @@ def measure(layer_name: str, setup: StepSetup, reference_dir: Path | None = None
         return summarise(count_steps(layer, opt, setup, steps), top)
 
 
+def targets(runs: list[dict]) -> dict:
+    """partialfc against V2 per C: host syncs no more than V2's, ops at most 1.5x V2's, and
+    the same op count at every C."""
+    ours = {r["num_classes"]: r for r in runs if r["layer"] == "partialfc"}
+    v2 = {r["num_classes"]: r for r in runs if r["layer"] == "arcface_torch_v2"}
+    rows = []
+    for c in sorted(set(ours) & set(v2)):
+        a, b = ours[c], v2[c]
+        rows.append({"num_classes": c, "syncs": a["syncs"], "v2_syncs": b["syncs"],
+                     "ops_over_v2": round(a["ops"] / b["ops"], 3),
+                     "kernels_over_v2": round(a["kernels"] / b["kernels"], 3),
+                     "met": a["syncs"] <= b["syncs"] and a["ops"] <= 1.5 * b["ops"]})  # fmt: skip
+    return {"rows": rows, "ops_independent_of_C": len({r["ops"] for r in ours.values()}) == 1}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--insightface", type=Path, default=None,
@@ -389,7 +404,7 @@ def main(argv=None) -> int:
             "bytes of fresh op outputs; the worst of the counted steps after one warm-up"
         )
         report[args.label] = {"device_chunk_rows": DEVICE_CHUNK_ROWS, "torch": torch.__version__,
-                              "runs": runs}  # fmt: skip
+                              "runs": runs, "targets": targets(runs)}  # fmt: skip
         atomic_write_bytes(args.out, (json.dumps(report, indent=1) + "\n").encode())
     return 0
 

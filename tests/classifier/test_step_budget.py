@@ -82,3 +82,15 @@ def test_no_step_allocation_grows_like_a_row_buffer(steps):
     # no single allocation as large as two int64 per active row: a float32 (n, d) row buffer
     # is 4 d = 64 bytes a row, an (n, B) score buffer 4 B = 256
     assert large.largest_allocation_bytes < 16 * int(RATE * LARGE)
+
+
+def test_targets_against_v2(budget):
+    def run(layer, c, ops, syncs):
+        return {"layer": layer, "num_classes": c, "ops": ops, "kernels": ops - 10, "syncs": syncs}
+
+    runs = [run("partialfc", 10, 150, 2), run("arcface_torch_v2", 10, 100, 4),
+            run("partialfc", 100, 151, 5), run("arcface_torch_v2", 100, 100, 4)]  # fmt: skip
+    out = budget.targets(runs)
+    assert [r["met"] for r in out["rows"]] == [True, False]  # 150 = 1.5 x 100; 5 syncs > 4
+    assert out["rows"][0]["ops_over_v2"] == 1.5 and out["rows"][0]["kernels_over_v2"] == 1.556
+    assert out["ops_independent_of_C"] is False

@@ -99,10 +99,12 @@ def all_gather_rows_no_grad(local: Tensor, sizes: list[int], process_group=None)
 
 
 def all_reduce_max(tensor: Tensor, process_group=None) -> Tensor:
-    """Element-wise max over ranks (no gradient; used for the log-sum-exp shift)."""
+    """Element-wise max over ranks (no gradient; used for the log-sum-exp shift); a new
+    tensor when reduced over several ranks, ``tensor`` itself (detached) on one."""
+    if not _distributed(process_group):
+        return tensor.detach()
     tensor = tensor.detach().clone()
-    if _distributed(process_group):
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=process_group)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=process_group)
     return tensor
 
 

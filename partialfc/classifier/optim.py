@@ -74,6 +74,7 @@ class RowSparseOptimizer(torch.optim.Optimizer):
         self._scratch = {name: ReusableBuffer(centers.compute_device) for name in self.tables}
         self._weight_scratch = ReusableBuffer(centers.compute_device)
         self._grad_scratch = ReusableBuffer(centers.compute_device)
+        self._radial_scratch = ReusableBuffer(centers.compute_device)  # center_grad temporaries
         self.num_steps = 0
 
     def _active_state_names(self) -> tuple[str, ...]:
@@ -91,9 +92,9 @@ class RowSparseOptimizer(torch.optim.Optimizer):
         if record is None:
             return None
         pfc = self.partial_fc
-        gen = sampling_generator(pfc.seed + 1, self.num_steps, pfc.rank)  # stochastic rounding
-        if pfc.device.type != "cpu":  # rounding happens where the rows are updated
-            gen = torch.Generator(device=pfc.device).manual_seed(gen.initial_seed())
+        # stochastic rounding: a host generator draws each chunk's noise offset, so the host
+        # never waits for the device to learn it
+        gen = sampling_generator(pfc.seed + 1, self.num_steps, pfc.rank)
         group = self.param_groups[0]
         step = chunk_rows(pfc.device)  # bounded scratch, cache-sized on CPUs
         for lo in range(0, record.rows.numel(), step):
@@ -101,7 +102,9 @@ class RowSparseOptimizer(torch.optim.Optimizer):
             rows = record.rows[lo:hi]
             weight = record.read_weight(lo, hi, self._weight_scratch)
             decay = self._coupled_weight_decay(group)
-            grad = record.center_grad(lo, hi, weight, self._grad_scratch, decay)
+            grad = record.center_grad(
+                lo, hi, weight, self._grad_scratch, decay, self._radial_scratch
+            )
             state = {n: t.read(rows, self._scratch[n]) for n, t in self.tables.items()}
             self._update_rows(rows, weight, grad, state, group)
             for name, table in self.tables.items():

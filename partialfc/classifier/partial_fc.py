@@ -3,9 +3,12 @@ al., arXiv 2010.05222 and CVPR 2022).
 
 Per step, on every rank (``N`` ranks, global batch ``B = sum_r b_r``):
 
-1. validate the local input, then all-gather ``[b_r, ok_r]``: every rank knows every batch
-   size and whether any rank's input is bad (then *all* ranks raise) before moving data;
-2. all-gather the L2-normalised embeddings (autograd-aware) and the labels;
+1. check the local input's shapes and dtypes, then (several ranks) all-gather ``[b_r, ok_r]``:
+   every rank knows every batch size and whether any rank's input is malformed (then *all*
+   ranks raise) before moving data;
+2. all-gather the L2-normalised embeddings (autograd-aware) and the labels; the host reads
+   three counts of the global labels at once (labels outside ``[0, C)``: all ranks raise;
+   local positives; local rows), the step's one read besides the negative draw's;
 3. active classes of this rank's block ``[start, stop)``: every local class that is a label in
    the global batch, plus uniformly sampled local negatives up to ``ceil(r * C_local)``;
    with sub-centers all ``K`` rows of an active class are active;
@@ -198,12 +201,14 @@ class ActiveRows:
         weight: Tensor | None = None,
         out=None,
         weight_decay: float = 0.0,
+        scratch: ReusableBuffer | None = None,
     ) -> Tensor:
         """``d loss / d w + weight_decay * w`` of ``rows[start:stop]`` (float32 ``(m, d)``).
 
         ``weight`` (from :meth:`read_weight`) saves a second read when the caller has it;
         ``out`` is a tensor or :class:`ReusableBuffer`; ``weight_decay`` folds a coupled L2
-        term into the same pass (0 by default: the plain gradient).
+        term into the same pass (0 by default: the plain gradient); ``scratch`` holds the
+        temporaries (else they are allocated).
         """
         if not self.grad_ready:
             raise RuntimeError("PartialFC: center gradients need loss.backward() first")
@@ -213,7 +218,7 @@ class ActiveRows:
         q, inv = self.coefficients[start:stop], self.inv_norm[start:stop]
         earlier = self.grad_sum[start:stop] if self.grad_sum is not None else None
         return _center_grad_rows(
-            q, self.embeddings, weight, inv, out, weight_decay, self.precision, earlier
+            q, self.embeddings, weight, inv, out, weight_decay, self.precision, earlier, scratch
         )
 
 
@@ -226,6 +231,7 @@ def _center_grad_rows(
     weight_decay: float = 0.0,
     precision: GemmPrecision | None = None,
     earlier: Tensor | None = None,
+    scratch: ReusableBuffer | None = None,
 ) -> Tensor:
     """``d loss / d w_j = inv_j (G_j - (G_j . u_j) u_j)``, plus ``weight_decay * w_j``.
 
@@ -234,7 +240,8 @@ def _center_grad_rows(
     one more float32 pass removes the radial part and adds the L2 term:
     ``g_j += w_j (weight_decay - (g_j . w_j) inv_j^2)``. ``earlier`` (m, d) is ``sum q x`` of
     the earlier micro-batches of an accumulated step (the radial part is linear in ``g``, so it
-    is removed once from the sum).
+    is removed once from the sum). ``scratch`` holds the ``(m, d)`` product and two ``(m,)``
+    vectors of the radial pass (the same operations as ``vecdot``, into reused memory).
     """
     g = out.get(*w.shape) if isinstance(out, ReusableBuffer) else out
     if precision is not None and not precision.is_float32:
@@ -243,7 +250,14 @@ def _center_grad_rows(
         g = torch.mm(q, x, out=g) if g is not None else torch.mm(q, x)
     if earlier is not None:
         g.add_(earlier)
-    along = torch.linalg.vecdot(g, w).mul_(inv_norm * inv_norm)
+    if scratch is None:
+        along = torch.linalg.vecdot(g, w).mul_(inv_norm * inv_norm)
+    else:
+        m, d = w.shape
+        space = scratch.get(1, m * (d + 2))[0]
+        product, along, inv_sq = space[: m * d].view(m, d), space[m * d : -m], space[-m:]
+        torch.sum(torch.mul(g, w, out=product), dim=1, out=along)
+        along.mul_(torch.mul(inv_norm, inv_norm, out=inv_sq))
     return g.addcmul_(w, along.neg_().add_(weight_decay).unsqueeze(1))
 
 
@@ -268,7 +282,7 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
     def forward(ctx, x, w, center_anchor, plan):
         k, n, batch = plan.num_subcenters, plan.rows.numel(), x.shape[0]
         scale = float(plan.margin.scale)
-        inv_norm = x.new_empty(n)
+        inv_norm, scaled_inv = plan.inv_norm_buffer.get(2, n)  # 1 / |w_j| and s / |w_j|
         scores = plan.scores_buffer.get(n, batch)
         step = plan.chunk_rows
         prec = plan.precision
@@ -276,34 +290,33 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             wc = plan.read_rows(lo, hi) if w is None else w[lo:hi]
-            inv = torch.linalg.vector_norm(wc, dim=1).clamp_min_(1e-12).reciprocal_()
-            inv_norm[lo:hi] = inv
+            inv = torch.linalg.vector_norm(wc, dim=1, out=inv_norm[lo:hi])
+            inv.clamp_min_(1e-12).reciprocal_()
             if plan.operand_rows is not None:  # converted once, read again by backward
                 w_op = plan.operand_rows[lo:hi].copy_(wc)
             else:
                 w_op = prec.operand(wc, representable=w is None and plan.rows_representable)
             prec.mm(w_op, x_t, out=scores[lo:hi], rounded=True)
-            scores[lo:hi].mul_(inv.mul_(scale).unsqueeze(1))
+            scores[lo:hi].mul_(torch.mul(inv, scale, out=scaled_inv[lo:hi]).unsqueeze(1))
         z, argmax = scores, None
         if k > 1:
             z, argmax = max_over_subcenters(scores, k, class_dim=0)  # (n/K, B), fresh tensor
-        rows = plan.local_rows
-        col = plan.target_col[rows]
+        rows, col = plan.local_rows, plan.target_col
         with torch.enable_grad():
             target_cos = (z[col, rows] / scale).detach().requires_grad_(True)
-            target_col = torch.zeros_like(col)
-            target_logit = plan.margin(target_cos.unsqueeze(1), target_col).squeeze(1)
+            target_logit = plan.margin.scaled_target_logit(target_cos)
         if plan.negative_cos_threshold is not None:
             limit = plan.negative_cos_threshold * scale
             for lo in range(0, z.shape[0], step):  # bounded mask temporary
                 block = z[lo : lo + step]
                 block.masked_fill_(block > limit, -math.inf)
-        z[col, rows] = target_logit.detach()
+        target_value = target_logit.detach()
+        z[col, rows] = target_value
         col_max = all_reduce_max(z.amax(dim=0), plan.process_group)  # amax: no indices
         exp = z.sub_(col_max.unsqueeze(0)).exp_()  # in place: the buffer now holds exp
         sum_exp = exp.sum(dim=0)
         target = torch.zeros_like(sum_exp)
-        target[rows] = target_logit.detach()
+        target[rows] = target_value
         if plan.world_size > 1:
             stacked = torch.stack([sum_exp, target])
             dist.all_reduce(stacked, group=plan.process_group)
@@ -323,8 +336,7 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
             )
         x, w, inv_norm, sum_exp = ctx.saved_tensors
         scale = float(plan.margin.scale)
-        rows = plan.local_rows
-        col = plan.target_col[rows]
+        rows, col = plan.local_rows, plan.target_col
         q = ctx.exp  # (n/K, B) exp(z - m), becomes dL/dcos in place
         coef = grad_rows / sum_exp
         p_target = q[col, rows] * coef[rows]  # g_i * p_it
@@ -374,11 +386,12 @@ class _StepPlan:
     margin: CombinedMargin
     num_subcenters: int
     negative_cos_threshold: float | None
-    local_rows: Tensor  # global-batch rows whose class is in this rank's active set
-    target_col: Tensor  # (B,) column of each row's class among the active classes, or -1
+    local_rows: Tensor  # ascending global-batch rows whose class is in this rank's block
+    target_col: Tensor  # column of each local row's class among the active classes
     rows: Tensor  # (n,) active rows of the local table
     read_rows: object  # (lo, hi) -> float32 rows[lo:hi] (sparse mode)
     scores_buffer: ReusableBuffer
+    inv_norm_buffer: ReusableBuffer  # (2, n): 1 / |w_j| (kept for backward and the step), s / |w_j|
     chunk_rows: int
     precision: GemmPrecision
     rows_representable: bool  # stored rows are exact in the compute dtype (no rounding pass)
@@ -510,6 +523,7 @@ class PartialFC(Head):
             lo = hi
         self._chunk_buffer = ReusableBuffer(self.device)  # one chunk of float32 rows
         self._scores_buffer = ReusableBuffer(self.device)  # (n, B) scores / coefficients
+        self._inv_norm_buffer = ReusableBuffer(self.device)  # (2, n) inverse norms
         self._device_rows_buffer = ReusableBuffer(self.device)  # (n, d), staged tables only
         # (n, d) GEMM operands of the active rows in the compute dtype, kept from forward for
         # backward on the native low-precision path when the table stores float32 (half the
@@ -555,8 +569,9 @@ class PartialFC(Head):
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
             raise ValueError(f"PartialFC.prepare_step: labels outside [0, {self.num_classes})")
         labels_all = all_gather_rows_no_grad(labels, sizes, self.process_group)
+        positives, _, _ = self._global_labels(labels_all, sizes, labels)
         self._active = None
-        self._planned = self._select_active_classes(labels_all)
+        self._planned = self._draw_active_classes(positives)
         self._planned_step = self.sampling_step
         self.sampling_step += 1
 
@@ -621,20 +636,67 @@ class PartialFC(Head):
         return self.centers.rows_float32(0, self.local_num_rows)
 
     def _select_active_classes(self, labels_all: Tensor) -> Tensor:
-        start, stop = self.block.start, self.block.stop
-        local = labels_all[(labels_all >= start) & (labels_all < stop)] - start
-        positives = torch.unique(local)
+        """The step's active local classes for the global batch's labels."""
+        positives, _, _ = self._global_labels(labels_all, [labels_all.numel()], labels_all)
+        return self._draw_active_classes(positives)
+
+    def _draw_active_classes(self, positives: Tensor) -> Tensor:
+        """The step's active local classes: the sorted unique local ``positives`` and negatives."""
         if self.budget >= self.block.size:
-            return torch.arange(self.block.size, device=labels_all.device)
+            return torch.arange(self.block.size, device=positives.device)
         # drawn where the labels are (the compute device): no host round trip on GPUs
         gen = sampling_generator(self.seed, self.sampling_step, self.rank, self.device)
-        return sample_active_classes(positives, self.block.size, self.budget, gen)
+        return sample_active_classes(
+            positives, self.block.size, self.budget, gen, positives_sorted=True
+        )
 
-    # ------------------------------------------------------------------ forward
-    def forward(self, local_embeddings: Tensor, local_labels: Tensor) -> Tensor:
-        """Global-batch mean margin-softmax loss over the sampled union of active centers."""
-        # NaN/inf embeddings are let through: the loss is then non-finite, and the trainer
-        # skips such steps (train.max_nonfinite_steps)
+    def _global_labels(self, labels_all: Tensor, sizes: list[int], local_labels: Tensor):
+        """This rank's view of the global labels, with one read of three counts by the host.
+
+        Returns ``(positives, local_rows, local_classes)``: the sorted unique labels of this
+        rank's block (as local classes), the ascending positions of the global batch whose label
+        is in the block, and their local classes. Sorting stands in for ``unique`` and
+        ``nonzero`` (each of which makes the host wait for the device); the host reads the
+        number of out-of-range labels, positives and local rows at once, and raises on every
+        rank (naming the rank) when a label is outside ``[0, num_classes)``.
+        """
+        start, size = self.block.start, self.block.size
+        local = labels_all - start
+        is_local = local.clamp(0, size - 1) == local
+        keys = torch.sort(torch.where(is_local, local, size)).values  # size: not in the block
+        first = keys != F.pad(keys[:-1], (1, 0), value=-1)  # first of a run of equal keys
+        first &= keys < size
+        outside = labels_all.clamp(0, self.num_classes - 1) != labels_all
+        bad, num_positives, num_local = torch.stack([outside, first, is_local]).sum(1).tolist()
+        if bad:
+            self._raise_label_error(labels_all, sizes, local_labels)
+        positives = keys[torch.argsort(~first, stable=True)[:num_positives]]
+        local_rows = torch.argsort(~is_local, stable=True)[:num_local]
+        return positives, local_rows, local[local_rows]
+
+    def _raise_label_error(self, labels_all: Tensor, sizes: list[int], local_labels: Tensor):
+        outside = (labels_all < 0) | (labels_all >= self.num_classes)
+        ends = torch.tensor(sizes).cumsum(0)
+        bad_rows = torch.nonzero(outside.cpu()).squeeze(1)
+        bad_ranks = sorted({int(r) for r in torch.searchsorted(ends, bad_rows, right=True)})
+        if self.rank in bad_ranks:
+            error = embeddings_and_labels_error(
+                torch.empty(local_labels.shape[0], self.embedding_dim),
+                local_labels.cpu(),
+                self.embedding_dim,
+                self.num_classes,
+                names=("local_embeddings", "local_labels"),
+                check_finite=False,
+            )
+            raise ValueError(f"PartialFC (rank {self.rank}): {error}")
+        raise ValueError(f"PartialFC: invalid input on rank(s) {bad_ranks} (see their error)")
+
+    def _gather_batch_sizes(self, local_embeddings: Tensor, local_labels: Tensor) -> list[int]:
+        """Every rank's batch size; raises on every rank when one rank's input is malformed.
+
+        Only shapes and dtypes are checked here (the host knows them); one rank: no
+        communication, several: one all-gather and one read by the host.
+        """
         error = embeddings_and_labels_error(
             local_embeddings,
             local_labels,
@@ -642,17 +704,29 @@ class PartialFC(Head):
             self.num_classes,
             names=("local_embeddings", "local_labels"),
             check_finite=False,
+            check_label_range=False,
         )
+        if self.world_size == 1:
+            if error is not None:
+                raise ValueError(f"PartialFC (rank {self.rank}): {error}")
+            return [local_embeddings.shape[0]]
         b = local_embeddings.shape[0] if error is None else 0
         info = all_gather_sizes([b, 0 if error is None else 1], self.device, self.process_group)
-        bad_ranks = [r for r in range(info.shape[0]) if int(info[r, 1])]
+        info = info.tolist()
+        bad_ranks = [r for r, (_, bad) in enumerate(info) if bad]
         if bad_ranks:
             if error is not None:
                 raise ValueError(f"PartialFC (rank {self.rank}): {error}")
             raise ValueError(f"PartialFC: invalid input on rank(s) {bad_ranks} (see their error)")
-        sizes = [int(s) for s in info[:, 0]]
-        total = sum(sizes)
-        if total == 0:
+        return [size for size, _ in info]
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, local_embeddings: Tensor, local_labels: Tensor) -> Tensor:
+        """Global-batch mean margin-softmax loss over the sampled union of active centers."""
+        # NaN/inf embeddings are let through: the loss is then non-finite, and the trainer
+        # skips such steps (train.max_nonfinite_steps)
+        sizes = self._gather_batch_sizes(local_embeddings, local_labels)
+        if sum(sizes) == 0:
             raise ValueError("PartialFC: the global batch is empty on every rank")
 
         x_hat = F.normalize(local_embeddings.to(self.device, torch.float32), dim=1)
@@ -662,20 +736,20 @@ class PartialFC(Head):
         labels_all = all_gather_rows_no_grad(
             local_labels.to(self.device, torch.long), sizes, self.process_group
         )
+        positives, local_rows, local_classes = self._global_labels(labels_all, sizes, local_labels)
 
         training = torch.is_grad_enabled()
         accumulating = training and self._planned is not None
         if accumulating:
             active = self._planned
-            self._check_planned(active, labels_all)
+            self._check_planned(active, local_classes)
         else:
-            active = self._select_active_classes(labels_all)
+            active = self._draw_active_classes(positives)
         k = self.num_subcenters
-        rows = (active.unsqueeze(1) * k + torch.arange(k, device=active.device)).reshape(-1)
-        start, stop = self.block.start, self.block.stop
-        is_local = (labels_all >= start) & (labels_all < stop)
-        col = torch.searchsorted(active, (labels_all - start).clamp(0, max(stop - start - 1, 0)))
-        target_col = torch.where(is_local, col, torch.full_like(col, -1))
+        rows = active  # class-major sub-centers: rows c K ... c K + K - 1 of class c
+        if k > 1:
+            rows = (active.unsqueeze(1) * k + torch.arange(k, device=active.device)).reshape(-1)
+        target_col = torch.searchsorted(active, local_classes)  # column of each local row
 
         record, w = None, None
         if self.update == "dense":
@@ -698,11 +772,12 @@ class PartialFC(Head):
             margin=self.margin,
             num_subcenters=k,
             negative_cos_threshold=self.negative_cos_threshold,
-            local_rows=torch.nonzero(is_local).squeeze(1),
+            local_rows=local_rows,
             target_col=target_col,
             rows=rows,
             read_rows=lambda lo, hi: record.read_weight(lo, hi, self._chunk_buffer),
             scores_buffer=self._scores_buffer,
+            inv_norm_buffer=self._inv_norm_buffer,
             chunk_rows=chunk_rows(self.device),
             precision=self.precision,
             rows_representable=self.update == "sparse"
@@ -735,10 +810,8 @@ class PartialFC(Head):
             self.sampling_step += 1
         return loss
 
-    def _check_planned(self, active: Tensor, labels_all: Tensor) -> None:
-        """Every local label of a micro-batch must be in the planned active set."""
-        start, stop = self.block.start, self.block.stop
-        local = labels_all[(labels_all >= start) & (labels_all < stop)] - start
+    def _check_planned(self, active: Tensor, local: Tensor) -> None:
+        """Every local label (``local``: local classes) of a micro-batch must be planned."""
         if local.numel() and not bool(torch.isin(local, active).all()):
             raise ValueError(
                 "PartialFC: a micro-batch holds labels that prepare_step() was not given; pass "

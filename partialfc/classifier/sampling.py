@@ -45,7 +45,11 @@ def sampling_generator(seed: int, step: int, rank: int, device="cpu") -> torch.G
 
 
 def sample_active_classes(
-    positives: Tensor, num_local_classes: int, budget: int, generator: torch.Generator
+    positives: Tensor,
+    num_local_classes: int,
+    budget: int,
+    generator: torch.Generator,
+    positives_sorted: bool = False,
 ) -> Tensor:
     """Sorted local class indices: all ``positives`` plus uniform negatives up to ``budget``.
 
@@ -61,12 +65,15 @@ def sample_active_classes(
         budget: target size of the active set.
         generator: a generator on the device where the draw happens (see
             :func:`sampling_generator`); ``positives`` is moved there.
+        positives_sorted: ``positives`` are already sorted (ascending): one sort fewer.
 
     Returns:
         ``(max(budget, len(positives)),)`` long tensor, sorted, on ``positives.device``.
     """
     device = positives.device
-    positives = torch.sort(positives.to(generator.device, torch.long)).values
+    positives = positives.to(generator.device, torch.long)
+    if not positives_sorted:
+        positives = torch.sort(positives).values
     num_negatives = budget - positives.numel()
     if num_negatives <= 0:
         return positives.to(device)

@@ -28,7 +28,10 @@ __all__ = [
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 CHUNK_ROWS = 1 << 11  # CPU rows per layer / optimizer / rounding chunk: 2048 x 512 x 4 B = 4 MiB,
 # small enough that a chunk's rows, gradient and state stay in the last-level cache
-DEVICE_CHUNK_ROWS = 1 << 16  # accelerators: few large kernels (launch cost, not cache, matters)
+# accelerators: launch cost, not cache, matters; one chunk holds every active row of a rank up
+# to r * C_local = 2^20 (r = 0.1 of 10^7 classes), so a step launches the same kernels at any C
+# (a float32 chunk of d = 512 is 2 GiB)
+DEVICE_CHUNK_ROWS = 1 << 20
 
 
 def chunk_rows(device) -> int:

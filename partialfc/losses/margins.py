@@ -140,6 +140,14 @@ class CombinedMargin(nn.Module):
         work = cos.to(torch.promote_types(cos.dtype, torch.float32)).clamp(-1.0, 1.0)
         return self._margin_from_cos_sin(work, _sin_from_cos(work))
 
+    def scaled_target_logit(self, cos: Tensor) -> Tensor:
+        """``scale * f(arccos(cos))`` of target cosines (any shape), float32 or wider: the
+        values :meth:`forward` writes on the target columns, without the other columns."""
+        self.check_hyperparameters()
+        if self.is_identity:
+            return cos.to(torch.promote_types(cos.dtype, torch.float32)) * self.scale
+        return self.target_logit(cos) * self.scale
+
     def _margin_from_cos_sin(self, cos: Tensor, sin: Tensor) -> Tensor:
         theta = torch.atan2(sin, cos)
         margin_branch = torch.cos(self.m1 * theta + self.m2_rad) - self.m3

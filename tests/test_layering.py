@@ -16,7 +16,7 @@ ROOT = Path(partialfc.__file__).resolve().parent
 
 # lowest first; a package may import the packages of the layers below its own
 LAYERS = [
-    {"atomic", "autograd", "ranges"},
+    {"atomic", "autograd", "locking", "ranges"},
     {"models", "data", "losses"},
     {"classifier", "backbone", "detect"},
     {"eval"},

@@ -36,6 +36,7 @@ OPTION_RANGES = {
     "--top-k": Range(1, integer=True),
     "--far": Range(0, 1, low_open=True, high_open=True),
     "--opset": Range(7, 100, integer=True),
+    "--lock-timeout": Range(0),
 }
 
 
@@ -82,6 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--query", help="image file, image folder or .rec to search")
         parser.add_argument("--top-k", type=int, default=5)
         parser.add_argument("--threshold", help="calibrated threshold JSON: open-set decision")
+        parser.add_argument(
+            "--lock-timeout",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="with --enroll/--remove: how long to wait while another process updates the "
+            "same gallery (default: as long as it takes)",
+        )
         _add_allow_other_model(parser)
     else:
         raise ValueError(f"unknown deploy command {command!r}")
@@ -356,21 +365,23 @@ def _search(args) -> int:
     embedder = _load(args)
     threshold = load_threshold_for(args, embedder) if args.threshold else None
     path = Path(args.gallery)
-    gallery = Gallery.open(path) if path.exists() else Gallery(embedder.embedding_dim, args.model)
-    if gallery.dim != embedder.embedding_dim:
-        raise ValueError(f"{path}: gallery dim {gallery.dim} != model's {embedder.embedding_dim}")
+    if path.exists():  # fail before embedding anything; checked again under the lock
+        found = Gallery.open(path).dim
+        if found != embedder.embedding_dim:
+            raise ValueError(f"{path}: gallery dim {found} != model's {embedder.embedding_dim}")
     grey = embedder.spec.in_channels == 1
-    changed = False
-    for name in args.remove:
-        gallery.remove(name)
-        changed = True
-    if args.enroll:
-        raw, labels, names, _ = _embed_labelled(embedder, args.enroll, args, "enroll")
-        for label in np.unique(labels):
-            gallery.enroll(names[label], raw[labels == label])
-        changed = True
-    if changed:
-        gallery.save(path)
+    gallery = None
+    if args.enroll or args.remove:
+        if args.enroll:  # embedded before the lock is taken: the lock is held only to update
+            raw, labels, names, _ = _embed_labelled(embedder, args.enroll, args, "enroll")
+        with Gallery.updating(
+            path, embedder.embedding_dim, args.model, lock_timeout=args.lock_timeout
+        ) as gallery:
+            for name in args.remove:
+                gallery.remove(name)
+            if args.enroll:
+                for label in np.unique(labels):
+                    gallery.enroll(names[label], raw[labels == label])
         print(f"{path}: {len(gallery)} identities", file=sys.stderr)
     if args.query:
         query, boxes = Path(args.query), None
@@ -385,6 +396,8 @@ def _search(args) -> int:
         else:
             raw, _, _, sources = _embed_labelled(embedder, query, args, "query")
         check_finite_rows(raw, str(query), lambda i: sources[i])
+        if gallery is None:
+            gallery = Gallery.open(path)
         result = gallery.search(raw, k=args.top_k)
         for n, (src, ids, scores) in enumerate(
             zip(sources, result.identities, result.scores, strict=True)

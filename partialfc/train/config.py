@@ -603,7 +603,7 @@ def _validate_warmup(schedule: ScheduleConfig, epochs: float) -> None:
         raise ConfigError(
             f"schedule.warmup_epochs={schedule.warmup_epochs:g} must be below train.epochs="
             f"{epochs:g}: lower schedule.warmup_epochs, or give the warm-up as a share of "
-            f"training (--set schedule.warmup_epochs=0 --set schedule.warmup_fraction=0.05)"
+            f"training (schedule.warmup_epochs=0, schedule.warmup_fraction=0.05)"
         )
 
 

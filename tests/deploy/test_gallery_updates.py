@@ -85,7 +85,9 @@ def test_search_waits_for_the_gallery_lock_and_gives_up_after_the_timeout(
     monkeypatch.setattr(
         command,
         "_embed_labelled",
-        lambda *a: (np.ones((1, DIM)), np.zeros(1, dtype=np.int64), ["new"], ["x.png"]),
+        lambda *a: command.Labelled(
+            np.ones((1, DIM)), np.zeros(1, dtype=np.int64), ["new"], ["x.png"], {}, []
+        ),
     )
     with file_lock(path):
         assert command.run(args) == 2
@@ -113,4 +115,5 @@ def command_args(path):
         batch_size=8,
         top_k=5,
         flip=False,
+        skip_bad=False,
     )

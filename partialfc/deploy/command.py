@@ -224,13 +224,15 @@ class Labelled:
 def _embed_labelled(embedder, path, args, desc: str) -> Labelled:
     """Embeddings of a labelled set (folder or ``.rec``) or, with ``--detect``, of photos; with
     ``--skip-bad`` unreadable images are left out and listed instead of stopping the run."""
+    from partialfc.data.refused import reason_of
+
     skip = getattr(args, "skip_bad", False)
     if getattr(args, "detect", False):
         from partialfc.detect.deploy import embed_photos
 
         rows = embed_photos(embedder, path, args, desc)
         check_finite_rows(rows.raw, str(path), lambda i: rows.sources[i])
-        refused = [(p, _reason(p, m)) for p, m in rows.photos.unreadable.items()]
+        refused = [(p, reason_of(p, m)) for p, m in rows.photos.unreadable.items()]
         return Labelled(rows.raw, rows.labels, rows.names, rows.sources, rows.arrays(), refused)
     dataset, names = open_labelled_set(path, embedder.spec.in_channels == 1)
     refused_rows: list | None = [] if skip else None
@@ -242,34 +244,17 @@ def _embed_labelled(embedder, path, args, desc: str) -> Labelled:
     check_finite_rows(raw, str(path), lambda i: describe(int(kept[i])))
     sources = every_source[kept]
     refused = [
-        (str(every_source[i]), _reason(str(every_source[i]), m)) for i, m in refused_rows or []
+        (str(every_source[i]), reason_of(str(every_source[i]), m)) for i, m in refused_rows or []
     ]
     labels = np.asarray(dataset.labels)[kept]
     return Labelled(raw, labels, names, list(sources), {"sources": sources}, refused)
 
 
-def _reason(source: str, message: str) -> str:
-    """The error message without the file name it starts with."""
-    return message[len(source) + 2 :] if message.startswith(f"{source}: ") else message
-
-
-def refused_list_path(output: str | Path) -> Path:
-    """Where ``--skip-bad`` lists the refused files of a run writing ``output``:
-    ``<folder>/<stem>.refused.tsv``."""
-    output = Path(output)
-    return output.with_name(f"{output.stem}.refused.tsv")
-
-
 def write_refused(output: str | Path, refused: list[tuple[str, str]], command: str) -> Path:
-    """List ``(file, reason)`` pairs (tab separated, with a header) beside ``output``, and say
-    how many on stderr. Written on every ``--skip-bad`` run, empty or not."""
-    from partialfc.atomic import atomic_write_bytes
+    """``--skip-bad``: list the refused files beside ``output`` and say how many on stderr."""
+    from partialfc.data.refused import refused_list_path, write_refused_list
 
-    path = refused_list_path(output)
-    lines = ["file\treason"] + [
-        f"{f}\t{' '.join(reason.split())}" for f, reason in refused
-    ]  # one line per file: newlines and tabs in a reason become spaces
-    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+    path = write_refused_list(refused_list_path(output), refused)
     if refused:
         print(
             f"partialfc {command}: {len(refused)} file(s) refused and left out, listed in {path}",
@@ -473,7 +458,9 @@ def _search(args) -> int:
 
             rows = embed_photos(embedder, query, args, "query")
             sources, raw, boxes = rows.sources, rows.raw, rows.photos.boxes()
-            refused += [(p, _reason(p, m)) for p, m in rows.photos.unreadable.items()]
+            from partialfc.data.refused import reason_of
+
+            refused += [(p, reason_of(p, m)) for p, m in rows.photos.unreadable.items()]
         elif query.is_file() and query.suffix != ".rec":
             images = read_images([str(query)], grey)
             sources, raw = [str(query)], embedder.embed_raw(images, flip=args.flip)

@@ -29,6 +29,17 @@ def lock_path(path: str | os.PathLike) -> Path:
     return path.parent / f".{path.name}.lock"
 
 
+def try_lock(lock_file: str | os.PathLike) -> FileLock | None:
+    """Take the advisory lock on ``lock_file`` now (created if missing), or return None when
+    another process holds it; the caller releases it (``.release()``)."""
+    lock = FileLock(lock_file, mode=0o666)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    return lock
+
+
 @contextmanager
 def file_lock(
     path: str | os.PathLike,

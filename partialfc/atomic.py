@@ -4,15 +4,61 @@ A reader (or a crash) never sees a half-written checkpoint, gallery, export or r
 file is either the old one or the complete new one (``os.replace`` is atomic on POSIX). The
 temporary file is created with mode ``0o666`` minus the umask, like a plain ``open(path, "w")``,
 so the result has the permissions any other file written by the user would have.
+
+A process killed between the two steps leaves its temporary behind. Temporaries are named
+``.<name>.<host>-<pid>-<random>.tmp``; the first time a process writes into a folder it removes
+the temporaries there whose writer (same host, that process id) is no longer running, so a
+rerun of an interrupted command cleans up after it. A writer still running, here or on another
+host sharing the folder, keeps its temporary.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import secrets
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+# which machine wrote a temporary: process ids are only meaningful on their own host
+HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+_TEMPORARY = re.compile(r"^\..+\.([0-9a-f]{6})-(\d+)-[0-9a-f]{8}\.tmp$")
+_swept: set[Path] = set()  # folders this process has already cleaned
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, under another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries in ``folder`` left by writers of this host that are no longer
+    running (killed between writing and renaming); returns what was removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMPORARY.match(entry.name)
+        if match is None or match.group(1) != HOST_TAG or _running(int(match.group(2))):
+            continue
+        try:
+            os.unlink(entry.path)
+        except OSError:  # gone already, or not ours to remove
+            continue
+        removed.append(Path(entry.path))
+    return removed
 
 
 class AtomicFile:
@@ -28,8 +74,11 @@ class AtomicFile:
         folder = self.path.parent
         if not folder.is_dir():
             raise FileNotFoundError(f"{self.path}: folder {folder} does not exist")
+        if folder.resolve() not in _swept:
+            remove_stale_temporaries(folder)
+            _swept.add(folder.resolve())
         while True:
-            tmp = folder / f".{self.path.name}.{secrets.token_hex(4)}.tmp"
+            tmp = folder / f".{self.path.name}.{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
             try:  # O_EXCL: never reuse a file someone else created; 0o666 & ~umask like open()
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             except FileExistsError:

@@ -4,7 +4,25 @@ messages that name the setting: ``--batch-size must be an integer >= 1, got 0``.
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
+
+# Values echoed in error messages are cut to this many characters: a config value can be a
+# megabyte string or an alias-expanded structure of a billion nodes (YAML "billion laughs").
+SHOWN_CHARS = 120
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxtuple, _SHOWN.maxset = 3, 6, 6, 6, 6
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = SHOWN_CHARS, SHOWN_CHARS, 40
+
+
+def shown(value, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, at most ``limit`` characters; its cost is bounded
+    too (nested containers are cut at 3 levels and 6 items before anything is formatted)."""
+    try:
+        text = _SHOWN.repr(value)
+    except ValueError:  # an int too long for str() (Python refuses > 4300 digits)
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -50,7 +68,7 @@ class Range:
     def check(self, name: str, value, error=ValueError, extra: str = "") -> None:
         """Raise ``error`` naming ``name`` unless ``value`` is allowed."""
         if not self.allows(value):
-            raise error(f"{name} must be {self.describe()}{extra}, got {value!r}")
+            raise error(f"{name} must be {self.describe()}{extra}, got {shown(value)}")
 
 
 def check_options(args, ranges: dict[str, Range]) -> None:

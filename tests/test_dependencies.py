@@ -23,6 +23,7 @@ DISTRIBUTION = {
     "PIL": "pillow",
     "cv2": "opencv-python-headless",
     "faiss": "faiss-cpu",
+    "filelock": "filelock",
     "matplotlib": "matplotlib",
     "numpy": "numpy",
     "onnx": "onnx",

@@ -18,7 +18,7 @@ ROOT = Path(partialfc.__file__).resolve().parent
 
 # lowest first; a package may import the packages of the layers below its own
 LAYERS = [
-    {"atomic", "autograd", "ranges", "onnx_layout"},
+    {"atomic", "autograd", "locking", "ranges", "onnx_layout"},
     {"models", "data", "losses"},
     {"classifier", "backbone", "detect"},
     {"eval"},

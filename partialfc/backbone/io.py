@@ -84,12 +84,23 @@ def save_backbone(backbone: nn.Module, model_config: dict, directory: Path) -> N
 
 
 def read_model_config(checkpoint: str | Path) -> dict:
+    """The checkpoint's ``model.json``, checked (sizes against ``spec.SPEC_RANGES``) before a
+    network is built from it."""
+    from partialfc.backbone.spec import check_model_kwargs
+    from partialfc.ranges import shown
+
     path = Path(checkpoint) / MODEL_CONFIG_FILENAME
     if not path.is_file():
         raise FileNotFoundError(f"{checkpoint}: not a partialfc checkpoint (no model.json)")
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: cannot read model config: {err}") from None
     if not isinstance(config, dict) or "name" not in config or "kwargs" not in config:
-        raise ValueError(f"{path}: expected {{'name': ..., 'kwargs': {{...}}}}, got {config!r}")
+        raise ValueError(
+            f"{path}: expected {{'name': ..., 'kwargs': {{...}}}}, got {shown(config)}"
+        )
+    check_model_kwargs(config["kwargs"], f"{path}: kwargs")
     return config
 
 

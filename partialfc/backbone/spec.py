@@ -31,10 +31,19 @@ import torch
 
 from partialfc.atomic import atomic_write_bytes
 from partialfc.backbone.pixels import normalize_pixels
+from partialfc.ranges import Range, shown
 
 SPEC_FORMAT = "partialfc.preprocessing"
 SPEC_VERSION = 1
 SPEC_FILENAME = "preprocessing.json"
+# Ranges every spec (and every model.json) is checked against when it loads, before anything
+# is allocated from it: an input side of 10^6 would make alignment ask for 3 TB.
+SPEC_RANGES = {
+    "input_size": Range(1, 4096, integer=True),  # each side, pixels
+    "embedding_dim": Range(1, 65536, integer=True),
+    "mean": Range(-255, 255),  # each channel, after x / 255
+    "std": Range(0, 255, low_open=True),
+}
 # ITU-R BT.601 luma, used when a grey model is given RGB images
 LUMA_WEIGHTS = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
@@ -55,6 +64,11 @@ class PreprocessingSpec:
     alignment_landmarks: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self):
+        SPEC_RANGES["embedding_dim"].check("embedding_dim", self.embedding_dim)
+        for name in ("input_size", "mean", "std"):
+            for i, value in enumerate(getattr(self, name)):
+                SPEC_RANGES[name].check(f"{name}[{i}]", value)
+        check_model_kwargs(self.model_kwargs)
         if self.in_channels not in (1, 3):
             raise ValueError(f"in_channels must be 1 or 3, got {self.in_channels}")
         expected_order = "GREY" if self.in_channels == 1 else "RGB"
@@ -64,11 +78,11 @@ class PreprocessingSpec:
                 f" (expected {expected_order!r})"
             )
         if len(self.mean) != self.in_channels or len(self.std) != self.in_channels:
-            raise ValueError(f"mean/std need {self.in_channels} values, got {self.mean}/{self.std}")
-        if any(s <= 0 for s in self.std):
-            raise ValueError(f"std must be positive, got {self.std}")
-        if len(self.input_size) != 2 or min(self.input_size) < 1:
-            raise ValueError(f"input_size must be (H, W) > 0, got {self.input_size}")
+            raise ValueError(
+                f"mean/std need {self.in_channels} values, got {shown(self.mean)}/{shown(self.std)}"
+            )
+        if len(self.input_size) != 2:
+            raise ValueError(f"input_size must be (H, W), got {shown(self.input_size)}")
         if self.alignment_landmarks is not None:
             try:
                 points = np.asarray(self.alignment_landmarks, dtype=np.float64)
@@ -137,7 +151,7 @@ class PreprocessingSpec:
                 std=tuple(float(v) for v in d["std"]),
                 alignment_landmarks=d.get("alignment_landmarks"),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             raise ValueError(f"{source}: invalid preprocessing spec: {err}") from None
 
     @classmethod
@@ -180,3 +194,20 @@ class PreprocessingSpec:
             x = (x @ LUMA_WEIGHTS)[..., None]
         x = normalize_pixels(torch.from_numpy(np.ascontiguousarray(x)), self.mean, self.std)
         return np.ascontiguousarray(x.numpy().transpose(0, 3, 1, 2))
+
+
+def check_model_kwargs(kwargs, source: str = "model_kwargs") -> None:
+    """Raise ValueError naming ``source`` when the network arguments that size its tensors
+    (``input_size``, ``in_channels``, ``embedding_dim``) are outside :data:`SPEC_RANGES` (checked
+    before a network is built from them, e.g. from a checkpoint's ``model.json``)."""
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{source}: expected a mapping of arguments, got {shown(kwargs)}")
+    if "in_channels" in kwargs and kwargs["in_channels"] not in (1, 3):
+        raise ValueError(f"{source}.in_channels must be 1 or 3, got {shown(kwargs['in_channels'])}")
+    if "embedding_dim" in kwargs:
+        SPEC_RANGES["embedding_dim"].check(f"{source}.embedding_dim", kwargs["embedding_dim"])
+    size = kwargs.get("input_size")
+    if size is not None:
+        sides = size if isinstance(size, (list, tuple)) else [size]
+        for side in sides:
+            SPEC_RANGES["input_size"].check(f"{source}.input_size", side)

@@ -169,6 +169,21 @@ def scan_image_folder(root: str | os.PathLike) -> tuple[list[str], np.ndarray, l
     return paths, np.asarray(labels, dtype=np.int64), classes
 
 
+def scan_labelled_images(root: str | os.PathLike) -> tuple[list[str], np.ndarray, list[str]]:
+    """:func:`scan_image_folder` for ``root/<identity>/<image>``; a folder without identity
+    sub-folders but with images directly in it gives one identity per image (its stem), the
+    way photos are read for ``embed``, ``search`` and ``verify`` (with or without detection)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"{root}: image folder not found")
+    if any(d.is_dir() for d in root.iterdir()):
+        return scan_image_folder(root)
+    files = sorted(f for f in root.iterdir() if f.name.lower().endswith(IMAGE_EXTENSIONS))
+    if not files:
+        raise ValueError(f"{root}: no images (expected <root>/<identity>/<image> or images)")
+    return [str(f) for f in files], np.arange(len(files), dtype=np.int64), [f.stem for f in files]
+
+
 def read_list_file(
     list_path: str | os.PathLike, root: str | os.PathLike | None = None, remap_labels: bool = False
 ) -> tuple[list[str], np.ndarray]:

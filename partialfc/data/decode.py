@@ -102,7 +102,7 @@ def check_image_size(data, source: str = "<bytes>", max_pixels: int | None = Non
         width, height = size
         raise ValueError(
             f"{source}: image header claims {width} x {height} = {width * height} pixels, above "
-            f"the limit of {limit} (set {MAX_PIXELS_ENV} or --max-image-pixels to allow more)"
+            f"the limit of {limit} (set the environment variable {MAX_PIXELS_ENV} to allow more)"
         )
 
 

@@ -24,6 +24,7 @@ import argparse
 import io
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ OPTION_RANGES = {
     "--top-k": Range(1, integer=True),
     "--far": Range(0, 1, low_open=True, high_open=True),
     "--opset": Range(7, 100, integer=True),
+    "--lock-timeout": Range(0),
 }
 
 
@@ -78,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     if command == "embed":
         parser.add_argument("input", help="image folder or .rec set")
         parser.add_argument("--out", required=True, help="output .npz")
+        _add_skip_bad(parser, "beside --out: OUT.refused.tsv")
     elif command == "verify":
         parser.add_argument("--pair", nargs=2, metavar=("IMAGE_A", "IMAGE_B"), help="one pair")
         parser.add_argument("--pairs", help="text file: 'path_a path_b' per line")
@@ -94,6 +97,15 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument("--query", help="image file, image folder or .rec to search")
         parser.add_argument("--top-k", type=int, default=5, help="matches listed per query")
         parser.add_argument("--threshold", help="calibrated threshold JSON: open-set decision")
+        _add_skip_bad(parser, "beside the gallery: GALLERY.refused.tsv")
+        parser.add_argument(
+            "--lock-timeout",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="with --enroll/--remove: how long to wait while another process updates the "
+            "same gallery (default: as long as it takes)",
+        )
         _add_allow_other_model(parser)
     else:
         raise ValueError(f"unknown deploy command {command!r}")
@@ -111,6 +123,15 @@ def add_preprocessing_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_skip_bad(parser: argparse.ArgumentParser, where: str) -> None:
+    parser.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="embed the images that can be read and list the others (file and reason, tab "
+        f"separated) {where}; default: stop at the first unreadable image",
+    )
+
+
 def _add_allow_other_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-other-model",
@@ -123,7 +144,8 @@ def _add_allow_other_model(parser: argparse.ArgumentParser) -> None:
 def open_labelled_set(path: str | Path, grayscale: bool):
     """``(dataset, identity names per label)`` for an image folder or a ``.rec`` set (names from
     its ``.names.json`` sidecar when ``pack`` wrote one, else the labels)."""
-    from partialfc.data import ImageFolderDataset, RecordIODataset, read_identity_names
+    from partialfc.data import RecordIODataset, read_identity_names
+    from partialfc.data.datasets import FileListDataset, scan_labelled_images
 
     path = Path(path)
     if path.suffix == ".rec":
@@ -133,9 +155,11 @@ def open_labelled_set(path: str | Path, grayscale: bool):
             names = [str(i) for i in range(dataset.num_classes)]
         return dataset, names
     if path.is_dir():
-        dataset = ImageFolderDataset(path, grayscale=grayscale)
-        return dataset, list(dataset.classes)
-    raise ValueError(f"{path}: expected an image folder (root/<identity>/<image>) or a .rec file")
+        paths, labels, names = scan_labelled_images(path)
+        return FileListDataset(paths, labels, grayscale=grayscale), names
+    raise ValueError(
+        f"{path}: expected an image folder (root/<identity>/<image>, or images) or a .rec file"
+    )
 
 
 def _hwc(image) -> np.ndarray:
@@ -160,15 +184,31 @@ def describe_rows(dataset, names):
     return describe
 
 
-def embed_dataset(embedder, dataset, flip: bool, batch_size: int, desc: str) -> np.ndarray:
-    """Raw (unnormalised) embeddings ``(N, d)`` of every image, with a progress bar."""
+def embed_dataset(
+    embedder, dataset, flip: bool, batch_size: int, desc: str, refused: list | None = None
+) -> np.ndarray:
+    """Raw (unnormalised) embeddings ``(N, d)`` of every image, with a progress bar.
+
+    With a ``refused`` list, an image that cannot be read (ValueError: unreadable, not an
+    image, header above the pixel limit, damaged record) is left out and ``(row, message)``
+    appended to the list instead; the rows embedded are the others, in order."""
     out = []
     with tqdm(total=len(dataset), desc=desc, unit="img", file=sys.stderr) as bar:
         for start in range(0, len(dataset), batch_size):
             stop = min(start + batch_size, len(dataset))
-            batch = np.stack([_hwc(dataset[i][0]) for i in range(start, stop)])
-            out.append(embedder.embed_raw(batch, flip=flip, batch_size=batch_size))
+            images = []
+            for i in range(start, stop):
+                try:
+                    images.append(_hwc(dataset[i][0]))
+                except ValueError as err:
+                    if refused is None:
+                        raise
+                    refused.append((i, str(err)))
+            if images:
+                out.append(embedder.embed_raw(np.stack(images), flip=flip, batch_size=batch_size))
             bar.update(stop - start)
+    if not out:
+        raise ValueError(f"none of the {len(dataset)} images could be read")
     return np.concatenate(out)
 
 
@@ -193,18 +233,58 @@ def _sources(dataset, path) -> np.ndarray:
     return np.asarray([f"{path}#{i}" for i in range(len(dataset))], dtype=str)
 
 
-def _embed_labelled(embedder, path, args, desc: str):
-    """``(raw embeddings, labels, identity names, sources)`` of a labelled set or photos."""
+@dataclass
+class Labelled:
+    """Raw embeddings of a labelled set or of photos, and what was refused (``--skip-bad``)."""
+
+    raw: np.ndarray  # (N, d) unnormalised
+    labels: np.ndarray  # (N,) label of each row
+    names: list[str]  # identity name per label
+    sources: list[str]  # image (or record, or photo) of each row
+    provenance: dict  # per-row arrays for an .npz
+    refused: list[tuple[str, str]]  # (file, reason) of each image left out
+
+
+def _embed_labelled(embedder, path, args, desc: str) -> Labelled:
+    """Embeddings of a labelled set (folder or ``.rec``) or, with ``--detect``, of photos; with
+    ``--skip-bad`` unreadable images are left out and listed instead of stopping the run."""
+    from partialfc.data.refused import reason_of
+
+    skip = getattr(args, "skip_bad", False)
     if getattr(args, "detect", False):
         from partialfc.detect.deploy import embed_photos
 
         rows = embed_photos(embedder, path, args, desc)
         check_finite_rows(rows.raw, str(path), lambda i: rows.sources[i])
-        return rows.raw, rows.labels, rows.names, rows.sources
+        refused = [(p, reason_of(p, m)) for p, m in rows.photos.unreadable.items()]
+        return Labelled(rows.raw, rows.labels, rows.names, rows.sources, rows.arrays(), refused)
     dataset, names = open_labelled_set(path, embedder.spec.in_channels == 1)
-    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, desc)
-    check_finite_rows(raw, str(path), describe_rows(dataset, names))
-    return raw, np.asarray(dataset.labels), names, list(_sources(dataset, path))
+    refused_rows: list | None = [] if skip else None
+    raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, desc, refused_rows)
+    every_source = _sources(dataset, path)
+    left_out = {i for i, _ in refused_rows or []}
+    kept = np.asarray([i for i in range(len(dataset)) if i not in left_out], dtype=np.int64)
+    describe = describe_rows(dataset, names)
+    check_finite_rows(raw, str(path), lambda i: describe(int(kept[i])))
+    sources = every_source[kept]
+    refused = [
+        (str(every_source[i]), reason_of(str(every_source[i]), m)) for i, m in refused_rows or []
+    ]
+    labels = np.asarray(dataset.labels)[kept]
+    return Labelled(raw, labels, names, list(sources), {"sources": sources}, refused)
+
+
+def write_refused(output: str | Path, refused: list[tuple[str, str]], command: str) -> Path:
+    """``--skip-bad``: list the refused files beside ``output`` and say how many on stderr."""
+    from partialfc.data.refused import refused_list_path, write_refused_list
+
+    path = write_refused_list(refused_list_path(output), refused)
+    if refused:
+        print(
+            f"partialfc {command}: {len(refused)} file(s) refused and left out, listed in {path}",
+            file=sys.stderr,
+        )
+    return path
 
 
 def _atomic_savez(path: Path, **arrays) -> None:
@@ -279,26 +359,21 @@ def note_preprocessing(prefix: str, embedder) -> None:
 
 def _embed(args) -> int:
     embedder = _load(args)
-    if args.detect:
-        from partialfc.detect.deploy import embed_photos
-
-        rows = embed_photos(embedder, args.input, args, "embed")
-        raw, labels, names, provenance = rows.raw, rows.labels, rows.names, rows.arrays()
-        check_finite_rows(raw, args.input, lambda i: rows.sources[i])
-    else:
-        dataset, names = open_labelled_set(args.input, embedder.spec.in_channels == 1)
-        raw = embed_dataset(embedder, dataset, args.flip, args.batch_size, "embed")
-        check_finite_rows(raw, args.input, describe_rows(dataset, names))
-        labels, provenance = dataset.labels, {"sources": _sources(dataset, args.input)}
+    rows = _embed_labelled(embedder, args.input, args, "embed")
+    raw = rows.raw
     _atomic_savez(
         Path(args.out),
         embeddings=l2_normalize(raw).astype(np.float32),
         norms=np.linalg.norm(raw, axis=1).astype(np.float32),
-        labels=np.asarray(labels, dtype=np.int64),
-        identity_names=np.asarray(names, dtype=str),
-        **provenance,
+        labels=np.asarray(rows.labels, dtype=np.int64),
+        identity_names=np.asarray(rows.names, dtype=str),
+        **rows.provenance,
     )
-    print(f"{len(raw)} embeddings of dim {raw.shape[1]} written to {args.out}")
+    summary = f"{len(raw)} embeddings of dim {raw.shape[1]} written to {args.out}"
+    if args.skip_bad:
+        listed = write_refused(args.out, rows.refused, "embed")
+        summary += f"; {len(rows.refused)} file(s) refused, listed in {listed}"
+    print(summary)
     return 0
 
 
@@ -326,10 +401,10 @@ def _threshold(args, embedder):
 
     if args.threshold:
         return load_threshold_for(args, embedder)
-    raw, labels, _, _ = _embed_labelled(embedder, args.calibrate, args, "calibrate")
+    rows = _embed_labelled(embedder, args.calibrate, args, "calibrate")
     t = calibrate(
-        l2_normalize(raw),
-        labels,
+        l2_normalize(rows.raw),
+        rows.labels,
         args.far,
         source=args.calibrate,
         model_sha256=embedder.model_sha256,
@@ -402,21 +477,25 @@ def _search(args) -> int:
     embedder = _load(args)
     threshold = load_threshold_for(args, embedder) if args.threshold else None
     path = Path(args.gallery)
-    gallery = Gallery.open(path) if path.exists() else Gallery(embedder.embedding_dim, args.model)
-    if gallery.dim != embedder.embedding_dim:
-        raise ValueError(f"{path}: gallery dim {gallery.dim} != model's {embedder.embedding_dim}")
+    if path.exists():  # fail before embedding anything; checked again under the lock
+        found = Gallery.open(path).dim
+        if found != embedder.embedding_dim:
+            raise ValueError(f"{path}: gallery dim {found} != model's {embedder.embedding_dim}")
     grey = embedder.spec.in_channels == 1
-    changed = False
-    for name in args.remove:
-        gallery.remove(name)
-        changed = True
-    if args.enroll:
-        raw, labels, names, _ = _embed_labelled(embedder, args.enroll, args, "enroll")
-        for label in np.unique(labels):
-            gallery.enroll(names[label], raw[labels == label])
-        changed = True
-    if changed:
-        gallery.save(path)
+    gallery, refused = None, []
+    if args.enroll or args.remove:
+        if args.enroll:  # embedded before the lock is taken: the lock is held only to update
+            enrolment = _embed_labelled(embedder, args.enroll, args, "enroll")
+            refused += enrolment.refused
+            raw, labels, names = enrolment.raw, enrolment.labels, enrolment.names
+        with Gallery.updating(
+            path, embedder.embedding_dim, args.model, lock_timeout=args.lock_timeout
+        ) as gallery:
+            for name in args.remove:
+                gallery.remove(name)
+            if args.enroll:
+                for label in np.unique(labels):
+                    gallery.enroll(names[label], raw[labels == label])
         print(f"{path}: {len(gallery)} identities", file=sys.stderr)
     if args.query:
         query, boxes = Path(args.query), None
@@ -425,12 +504,18 @@ def _search(args) -> int:
 
             rows = embed_photos(embedder, query, args, "query")
             sources, raw, boxes = rows.sources, rows.raw, rows.photos.boxes()
+            from partialfc.data.refused import reason_of
+
+            refused += [(p, reason_of(p, m)) for p, m in rows.photos.unreadable.items()]
         elif query.is_file() and query.suffix != ".rec":
             images = read_images([str(query)], grey)
             sources, raw = [str(query)], embedder.embed_raw(images, flip=args.flip)
         else:
-            raw, _, _, sources = _embed_labelled(embedder, query, args, "query")
+            queries = _embed_labelled(embedder, query, args, "query")
+            raw, sources, refused = queries.raw, queries.sources, refused + queries.refused
         check_finite_rows(raw, str(query), lambda i: sources[i])
+        if gallery is None:
+            gallery = Gallery.open(path)
         result = gallery.search(raw, k=args.top_k)
         for n, (src, ids, scores) in enumerate(
             zip(sources, result.identities, result.scores, strict=True)
@@ -448,4 +533,6 @@ def _search(args) -> int:
                 hit = top is not None and top["score"] >= threshold.threshold
                 row["accepted"] = top["identity"] if hit else None
             print(json.dumps(row, allow_nan=False))
+    if args.skip_bad:
+        write_refused(path, refused, "search")
     return 0

@@ -21,6 +21,10 @@ parse, whose digest differs, or whose contents are inconsistent (duplicate names
 refused with :class:`GalleryFileError` naming the file. Version 1 files, whose digest covered
 only the arrays, are still read (with the same consistency checks) and are written back as
 version 2.
+
+Updating a file in place (open, enroll or remove, save) goes through :meth:`Gallery.updating`,
+which holds the file's advisory lock (:func:`partialfc.locking.file_lock`) from before the
+read until after the atomic rename, so concurrent updaters never lose each other's changes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import io
 import json
 import os
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +44,7 @@ import numpy as np
 
 from partialfc.atomic import atomic_write_bytes
 from partialfc.backbone.embedding import l2_normalize
+from partialfc.locking import file_lock
 
 GALLERY_FORMAT = "partialfc.gallery"
 GALLERY_VERSION = 2
@@ -230,6 +237,27 @@ class Gallery:
         if names:
             gallery._index.add_with_ids(l2_normalize(sums), ids)
         return gallery
+
+    @classmethod
+    @contextmanager
+    def updating(
+        cls,
+        path: str | os.PathLike,
+        dim: int,
+        model: str | None = None,
+        lock_timeout: float | None = None,
+    ) -> Iterator[Gallery]:
+        """Lock ``path``, open it (or start an empty gallery of ``dim`` when it does not exist),
+        yield it for changes, save it and release the lock. An exception inside the block
+        leaves the file as it was. Another process updating the same file waits (a line on
+        standard error says so) up to ``lock_timeout`` seconds (None: as long as it takes)."""
+        path = Path(path)
+        with file_lock(path, timeout=lock_timeout):
+            gallery = cls.open(path) if path.exists() else cls(dim, model)
+            if gallery.dim != dim:
+                raise GalleryFileError(f"{path}: gallery dim {gallery.dim} != model's {dim}")
+            yield gallery
+            gallery.save(path)
 
 
 _NPY_HEADER_READERS = {

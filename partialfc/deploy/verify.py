@@ -130,7 +130,8 @@ def check_threshold_model(
     if allow_other_model:
         return message + "; used anyway (--allow-other-model)"
     raise ModelMismatchError(
-        message + ": recalibrate on this model (--calibrate), or pass --allow-other-model"
+        message + ": recalibrate on this model (partialfc verify --calibrate), or pass "
+        "--allow-other-model"
     )
 
 

@@ -49,6 +49,7 @@ def _aligned(embedder, paths, labels, args, desc: str | None) -> AlignedPhotos:
         size=height,
         all_faces=getattr(args, "all_faces", False),
         grayscale=spec.in_channels == 1,
+        skip_unreadable=getattr(args, "skip_bad", False),
         progress=desc,
         template=spec.alignment_landmarks,
     )
@@ -57,7 +58,8 @@ def _aligned(embedder, paths, labels, args, desc: str | None) -> AlignedPhotos:
 def embed_photos(embedder, path, args: argparse.Namespace, desc: str) -> PhotoEmbeddings:
     """Embed the faces in a photo file or folder (``root/<identity>/<photo>`` or photos).
 
-    Photos without a face are reported on stderr and skipped; none at all is an error.
+    Photos without a face are reported on stderr and skipped; none at all is an error. With
+    ``args.skip_bad`` unreadable photos are skipped too (listed in ``photos.unreadable``).
     """
     paths, labels, names = photo_list(path)
     photos = _aligned(embedder, paths, labels, args, desc)

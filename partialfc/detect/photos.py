@@ -82,20 +82,14 @@ def photo_list(path: str | os.PathLike) -> tuple[list[str], np.ndarray, list[str
     A single file is its own identity (its stem); a folder without identity sub-folders but
     with photos directly in it gives one identity per photo.
     """
-    from partialfc.data.datasets import scan_image_folder
-    from partialfc.data.decode import IMAGE_EXTENSIONS
+    from partialfc.data.datasets import scan_labelled_images
 
     path = Path(path)
     if path.is_file():
         return [str(path)], np.zeros(1, dtype=np.int64), [path.stem]
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such photo file or folder")
-    if any(d.is_dir() for d in path.iterdir()):
-        return scan_image_folder(path)
-    files = sorted(f for f in path.iterdir() if f.name.lower().endswith(IMAGE_EXTENSIONS))
-    if not files:
-        raise ValueError(f"{path}: no photos (expected <root>/<identity>/<photo> or photos)")
-    return [str(f) for f in files], np.arange(len(files), dtype=np.int64), [f.stem for f in files]
+    return scan_labelled_images(path)
 
 
 def read_photo(path: str) -> np.ndarray:

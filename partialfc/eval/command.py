@@ -87,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="images per embedding call; default: each protocol's (256)",
     )
     parser.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="--lfw-pairs: leave out images that cannot be read, and the pairs using them; "
+        "list them (file and reason, tab separated) in OUT/refused.tsv and in the report",
+    )
+    parser.add_argument(
         "--shift-average",
         type=int,
         default=0,
@@ -148,6 +154,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_options(args, {"--batch-size": Range(1, integer=True)})
         protocols = build_protocols(args)
+        if args.skip_bad:
+            if not any(p.skips_bad for p in protocols):
+                raise ValueError("--skip-bad applies to --lfw-pairs; no chosen protocol reads one")
+            for protocol in protocols:
+                protocol.skip_bad = protocol.skips_bad
     except ValueError as err:
         print(f"partialfc eval: {err}", file=sys.stderr)
         return 2
@@ -188,18 +199,30 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(protocol, Ijb):
                 protocol.size = sizes[0]  # align IJB faces at the model's size
     models = args.model[0] if len(args.model) == 1 else ", ".join(args.model)
-    evaluate_model(
-        ensemble_embed_fn(members),
-        protocols,
-        args.out,
-        title=f"Evaluation of {models}",
-        meta={
-            "model": args.model[0] if len(args.model) == 1 else list(args.model),
-            "flip_test": {p.name: bool(p.flip) for p in protocols},
-            "shift_average_px": args.shift_average,
-        },
-    )
+    try:
+        evaluate_model(
+            ensemble_embed_fn(members),
+            protocols,
+            args.out,
+            title=f"Evaluation of {models}",
+            meta={
+                "model": args.model[0] if len(args.model) == 1 else list(args.model),
+                "flip_test": {p.name: bool(p.flip) for p in protocols},
+                "shift_average_px": args.shift_average,
+            },
+        )
+    except (ValueError, FileNotFoundError) as err:  # an unreadable image, pair list, archive
+        print(f"partialfc eval: {err}", file=sys.stderr)
+        return 2
     from pathlib import Path
 
+    if args.skip_bad:
+        from partialfc.data.refused import write_refused_list
+
+        refused = [item for p in protocols for item in p.refused]
+        listed = write_refused_list(Path(args.out) / "refused.tsv", refused)
+        print(
+            f"partialfc eval: {len(refused)} file(s) refused, listed in {listed}", file=sys.stderr
+        )
     print(f"report written to {Path(args.out) / 'report.md'}")
     return 0

@@ -22,7 +22,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from partialfc.ranges import Range
+from partialfc.ranges import Range, shown
 
 # The values of every key with a fixed set of choices; :data:`_CHOICES` is read off these types.
 # Where the library defines the same set (head kinds, dtypes, triplet mining, optimizers,
@@ -255,7 +255,44 @@ class Config:
 
 
 class ConfigError(ValueError):
-    """A config file or override that does not fit the schema."""
+    """A config file or override that does not fit the schema. Messages are cut to
+    :data:`MESSAGE_CHARS` characters (values in them are shown with :func:`ranges.shown`)."""
+
+    def __init__(self, message: str):
+        if len(message) > MESSAGE_CHARS:
+            message = message[: MESSAGE_CHARS - 3] + "..."
+        super().__init__(message)
+
+
+MESSAGE_CHARS = 2000
+# Nodes a config may hold once YAML aliases are expanded: a real config has a few hundred; an
+# alias bomb ("billion laughs": 9 aliases of 9 aliases of ...) reaches 10^9 from 100 lines.
+MAX_CONFIG_NODES = 100_000
+
+
+def check_expanded_size(data, source: str, budget: int = MAX_CONFIG_NODES) -> None:
+    """Raise ConfigError naming ``source`` when ``data`` (as loaded from YAML, where an alias is
+    the same object again) holds more than ``budget`` nodes with every alias expanded, or
+    refers to itself. Stops as soon as the budget is spent, so the check costs at most
+    ``budget`` steps."""
+    count, stack = 0, [(data, ())]
+    while stack:
+        node, ancestors = stack.pop()
+        count += 1
+        if count > budget:
+            raise ConfigError(
+                f"{source}: the YAML expands to more than {budget} values once its aliases "
+                "(*name) are expanded; refused (an alias bomb?)"
+            )
+        if isinstance(node, (dict, list)):
+            if id(node) in ancestors:
+                raise ConfigError(f"{source}: a YAML alias refers to its own anchor; refused")
+            inner = (*ancestors, id(node))
+            if isinstance(node, dict):
+                stack += [(key, ()) for key in node]
+            stack += [
+                (child, inner) for child in (node.values() if isinstance(node, dict) else node)
+            ]
 
 
 def _suggest(key: str, choices, prefix: str = "") -> str:
@@ -287,7 +324,7 @@ def _coerce(value: Any, tp, where: str):
                 return _coerce(value, option, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
     if origin is Literal:  # a value of the choices' type; validate() checks the choice
         return _coerce(value, type(typing.get_args(inner)[0]), where)
     if inner is bool:
@@ -316,7 +353,7 @@ def _coerce(value: Any, tp, where: str):
             if item_tp is Any:
                 return list(value)
             return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
-    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {shown(value)}")
 
 
 def _type_name(tp) -> str:
@@ -329,7 +366,7 @@ def _hints(cls) -> dict:
 
 def _build(cls, data: Any, where: str):
     if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {shown(data)}")
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
@@ -337,7 +374,9 @@ def _build(cls, data: Any, where: str):
         path = f"{where}.{key}" if where else str(key)
         if key not in names:
             prefix = f"{where}." if where else ""
-            raise ConfigError(f"unknown config key {path!r}{_suggest(str(key), names, prefix)}")
+            raise ConfigError(
+                f"unknown config key {shown(path)}{_suggest(str(key), names, prefix)}"
+            )
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value if value is not None else {}, path)
@@ -365,14 +404,15 @@ def _set_dotted(data: dict, dotted: str, value: Any, source: str) -> None:
     for i, key in enumerate(keys):
         if not dataclasses.is_dataclass(cls):
             raise ConfigError(
-                f"{source}: {'.'.join(keys[:i])!r} is a value, not a section (in {dotted!r})"
+                f"{source}: {shown('.'.join(keys[:i]))} is a value, not a section "
+                f"(in {shown(dotted)})"
             )
         names = [f.name for f in dataclasses.fields(cls)]
         if key not in names:
             where = ".".join(keys[: i + 1])
             prefix = "".join(k + "." for k in keys[:i])
             raise ConfigError(
-                f"{source}: unknown config key {where!r}{_suggest(key, names, prefix)}"
+                f"{source}: unknown config key {shown(where)}{_suggest(key, names, prefix)}"
             )
         tp = _hints(cls)[key]
         if i == len(keys) - 1:
@@ -389,13 +429,16 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``dotted.key=value`` strings (values parsed as YAML) to a nested mapping in place."""
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. train.epochs=3")
+            raise ConfigError(
+                f"override {shown(item)}: expected dotted.key=value, e.g. train.epochs=3"
+            )
         key, raw = item.split("=", 1)
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({err})") from None
-        _set_dotted(data, key.strip(), value, f"override {item!r}")
+            raise ConfigError(f"override {shown(item)}: value is not valid YAML ({err})") from None
+        check_expanded_size(value, f"override {shown(item)}")
+        _set_dotted(data, key.strip(), value, f"override {shown(item)}")
     return data
 
 
@@ -416,6 +459,7 @@ def read_config_file(path: str | Path) -> dict:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    check_expanded_size(data, str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data
@@ -513,14 +557,16 @@ def validate(cfg: Config) -> Config:
     for dotted, choices in _CHOICES.items():
         value = _get(cfg, dotted)
         if value not in choices:
-            raise ConfigError(f"{dotted}={value!r}: choose one of {', '.join(map(str, choices))}")
+            raise ConfigError(
+                f"{dotted}={shown(value)}: choose one of {', '.join(map(str, choices))}"
+            )
     for dotted, allowed in _RANGES.items():
         _check(dotted, _get(cfg, dotted), allowed)
     _validate_warmup(cfg.schedule, cfg.train.epochs)
     if cfg.train.num_threads != "auto":
         _check("train.num_threads", cfg.train.num_threads, _INT_0, ' or "auto"')
     if len(cfg.optim.betas) != 2:
-        raise ConfigError(f"optim.betas must be two numbers, got {cfg.optim.betas!r}")
+        raise ConfigError(f"optim.betas must be two numbers, got {shown(cfg.optim.betas)}")
     for i, beta in enumerate(cfg.optim.betas):
         _check(f"optim.betas[{i}]", beta, _FRACTION)
     for i, milestone in enumerate(cfg.schedule.milestones):
@@ -539,7 +585,7 @@ def validate(cfg: Config) -> Config:
     _validate_model(cfg.model)
     _validate_protocols(cfg.eval)
     if cfg.data.source != "omniglot" and not cfg.data.path:
-        raise ConfigError(f"data.path is required for data.source={cfg.data.source!r}")
+        raise ConfigError(f"data.path is required for data.source={shown(cfg.data.source)}")
     _validate_holdout(cfg)
     _validate_loss_and_batches(cfg)
     _validate_head_kind(cfg)
@@ -558,7 +604,7 @@ def _validate_warmup(schedule: ScheduleConfig, epochs: float) -> None:
         raise ConfigError(
             f"schedule.warmup_epochs={schedule.warmup_epochs:g} must be below train.epochs="
             f"{epochs:g}: lower schedule.warmup_epochs, or give the warm-up as a share of "
-            f"training (--set schedule.warmup_epochs=0 --set schedule.warmup_fraction=0.05)"
+            f"training (schedule.warmup_epochs=0, schedule.warmup_fraction=0.05)"
         )
 
 
@@ -576,7 +622,7 @@ def _validate_model(model: ModelConfig) -> None:
     from partialfc.models import MODELS, build_model
 
     if model.name not in MODELS:
-        raise ConfigError(f"model.name={model.name!r}: choose one of {', '.join(MODELS)}")
+        raise ConfigError(f"model.name={shown(model.name)}: choose one of {', '.join(MODELS)}")
     accepted = [p for p in inspect.signature(build_model).parameters if p != "name"]
     free = [p for p in accepted if p not in _SET_ELSEWHERE]
     for key in model.kwargs:
@@ -586,7 +632,7 @@ def _validate_model(model: ModelConfig) -> None:
             )
         if key not in free:
             raise ConfigError(
-                f"model.kwargs.{key}: not an argument of model {model.name!r}; "
+                f"model.kwargs.{key}: not an argument of model {shown(model.name)}; "
                 f"model.kwargs may set {', '.join(free)}"
             )
     if "dropout" in model.kwargs:
@@ -615,7 +661,7 @@ def _validate_holdout(cfg: Config) -> None:
     key = "data.holdout_background_alphabets"
     if spec not in (0, []):
         if cfg.data.source != "omniglot":
-            raise ConfigError(f"{key} needs data.source='omniglot', not {cfg.data.source!r}")
+            raise ConfigError(f"{key} needs data.source='omniglot', not {shown(cfg.data.source)}")
         try:
             resolve_holdout_alphabets(spec)
         except ValueError as err:
@@ -637,7 +683,7 @@ def _validate_holdout(cfg: Config) -> None:
                 raise ConfigError(str(err)) from None
             if sorted(named) != sorted(resolve_holdout_alphabets(spec)):
                 raise ConfigError(
-                    f"{where}: {name!r} is not the held-out set of {key}; write "
+                    f"{where}: {shown(name)} is not the held-out set of {key}; write "
                     "omniglot_holdout without an argument"
                 )
 
@@ -651,19 +697,19 @@ def _validate_head_kind(cfg: Config) -> None:
     defaults = HeadConfig()
     if head.kind != "margin_softmax" and head.compute_dtype != defaults.compute_dtype:
         raise ConfigError(
-            f"head.compute_dtype={head.compute_dtype!r} needs head.kind=partial_fc or "
-            f"margin_softmax, not {head.kind!r}"
+            f"head.compute_dtype={shown(head.compute_dtype)} needs head.kind=partial_fc or "
+            f"margin_softmax, not {shown(head.kind)}"
         )
     for key in ("sample_rate", "negative_cos_threshold", "storage_dtype", "storage_device"):
         if getattr(head, key) != getattr(defaults, key):
             raise ConfigError(
-                f"head.{key}={getattr(head, key)!r} is a Partial FC setting; "
-                f"head.kind={head.kind!r} does not use it"
+                f"head.{key}={shown(getattr(head, key))} is a Partial FC setting; "
+                f"head.kind={shown(head.kind)} does not use it"
             )
     if head.num_subcenters != 1 and head.kind != "margin_softmax":
         raise ConfigError(
             f"head.num_subcenters={head.num_subcenters} needs head.kind=partial_fc or "
-            f"margin_softmax, not {head.kind!r}"
+            f"margin_softmax, not {shown(head.kind)}"
         )
     if head.kind == "triplet" and not (cfg.data.pk_identities and cfg.data.pk_images):
         raise ConfigError(
@@ -677,7 +723,7 @@ def _validate_head_kind(cfg: Config) -> None:
     ]
     for key, ok in checks:
         if not ok:
-            raise ConfigError(f"head.{key}={getattr(head, key)!r} is out of range")
+            raise ConfigError(f"head.{key}={shown(getattr(head, key))} is out of range")
 
 
 def _validate_loss_and_batches(cfg: Config) -> None:

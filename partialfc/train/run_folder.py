@@ -10,9 +10,9 @@
   run replaces its files and says so.
 
 Only the files a run writes (:data:`RUN_FILES`) are ever deleted; anything else in the folder
-stays. A training process holds an advisory lock on ``<folder>/.lock`` (``fcntl.flock``; the
-system releases it when the process ends, crash or not), so a folder in use now is never
-cleared and two processes never train into it together.
+stays. A training process holds an advisory lock on ``<folder>/.lock`` (``flock`` through
+:mod:`partialfc.locking`; the system releases it when the process ends, crash or not), so a
+folder in use now is never cleared and two processes never train into it together.
 """
 
 from __future__ import annotations
@@ -41,34 +41,29 @@ class RunFolderExistsError(ValueError):
 
 
 class RunLock:
-    """An exclusive, non-blocking advisory lock on ``folder/.lock`` (a no-op without fcntl)."""
+    """An exclusive, non-blocking advisory lock on ``folder/.lock``
+    (:func:`partialfc.locking.try_lock`)."""
 
     def __init__(self, folder: Path):
         self.path = Path(folder) / LOCK_FILE
-        self._file = None
+        self._lock = None
 
     def acquire(self) -> RunLock:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock
-            return self
+        from partialfc.locking import try_lock
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a")  # noqa: SIM115 - held until release()
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
+        self._lock = try_lock(self.path)
+        if self._lock is None:
             raise RunFolderExistsError(
                 f"{self.path.parent} is in use by another training process right now; wait for "
                 "it to finish or choose another run.name"
-            ) from None
-        self._file = handle
+            )
         return self
 
     def release(self) -> None:
-        if self._file is not None:
-            self._file.close()  # closing releases the lock
-            self._file = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def in_use(folder: Path) -> bool:

@@ -60,7 +60,7 @@ def test_huge_header_is_refused_before_decoding(monkeypatch, side, make):
     with pytest.raises(
         ValueError,
         match=rf"^huge.img: image header claims {side} x {side} = {side * side} pixels, above "
-        rf"the limit of 67108864 \(set PARTIALFC_MAX_IMAGE_PIXELS or --max-image-pixels",
+        rf"the limit of 67108864 \(set the environment variable PARTIALFC_MAX_IMAGE_PIXELS",
     ):
         decode_image(data, "huge.img")
 

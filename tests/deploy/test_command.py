@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -120,3 +121,99 @@ def test_errors_print_without_extra_quotes(checkpoint, folder, tmp_path, capsys)
     assert main(["gallery", "remove", str(checkpoint), str(gallery), "alice"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("partialfc gallery: identity") and not err.endswith('"'), err
+
+
+def _huge_png_header() -> bytes:
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", 100000, 100000, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
+@pytest.fixture
+def folder_with_bad_files(folder, tmp_path):
+    """Two identities of 2 good images each, and four bad files in the first identity."""
+    import shutil
+
+    root = tmp_path / "mixed"
+    for c in range(2):
+        (root / f"char{c}").mkdir(parents=True)
+        for j in range(2):
+            shutil.copy(folder / f"char{c}" / f"{j}.png", root / f"char{c}" / f"{j}.png")
+    bad = root / "char0"
+    (bad / "cut.png").write_bytes((folder / "char0" / "2.png").read_bytes()[:60])
+    (bad / "huge.png").write_bytes(_huge_png_header())
+    (bad / "text.png").write_text("not an image")
+    (bad / "zero.png").write_bytes(b"")
+    return root
+
+
+def test_skip_bad_embeds_what_it_can_and_lists_the_rest(
+    checkpoint, folder_with_bad_files, tmp_path, capsys
+):
+    root, out = folder_with_bad_files, tmp_path / "e.npz"
+    assert main(["embed", str(checkpoint), str(root), "--out", str(out)]) == 2  # strict default
+    assert (
+        f"{root / 'char0' / 'cut.png'}: not a decodable image (60 bytes)" in capsys.readouterr().err
+    )
+    assert not out.exists()
+    assert main(["embed", str(checkpoint), str(root), "--out", str(out), "--skip-bad"]) == 0
+    captured = capsys.readouterr()
+    listed = tmp_path / "e.refused.tsv"
+    assert f"4 embeddings of dim 64 written to {out}; 4 file(s) refused, listed in {listed}" in (
+        captured.out
+    )
+    rows = [line.split("\t") for line in listed.read_text().splitlines()]
+    assert rows[0] == ["file", "reason"]
+    assert {Path(f).name: reason for f, reason in rows[1:]} == {
+        "cut.png": "not a decodable image (60 bytes)",
+        "huge.png": "image header claims 100000 x 100000 = 10000000000 pixels, above the limit "
+        "of 67108864 (set the environment variable PARTIALFC_MAX_IMAGE_PIXELS to allow more)",
+        "text.png": "not a decodable image (12 bytes)",
+        "zero.png": "not a decodable image (0 bytes)",
+    }
+    with np.load(out, allow_pickle=False) as f:
+        sources, labels, e = list(f["sources"]), list(f["labels"]), f["embeddings"]
+    good = [root / f"char{c}" / f"{j}.png" for c in range(2) for j in range(2)]
+    assert sources == [str(p) for p in good] and labels == [0, 0, 1, 1]
+    images = np.stack([cv2.imread(str(p), cv2.IMREAD_GRAYSCALE) for p in good])
+    np.testing.assert_allclose(e, Embedder.load(checkpoint).embed(images), atol=1e-6)
+
+
+def test_search_skip_bad_enrolls_and_queries_the_readable_images(
+    checkpoint, folder_with_bad_files, tmp_path, capsys
+):
+    root, gallery_path = folder_with_bad_files, tmp_path / "g.npz"
+    args = ["search", str(checkpoint), str(gallery_path), "--enroll", str(root)]
+    assert main([*args, "--query", str(root)]) == 2 and not gallery_path.exists()
+    assert main([*args, "--query", str(root), "--skip-bad"]) == 0
+    gallery = Gallery.open(gallery_path)
+    assert gallery.count("char0") == 2 and gallery.count("char1") == 2
+    queries = [json.loads(r)["query"] for r in capsys.readouterr().out.strip().splitlines()]
+    assert [Path(q).name for q in queries] == ["0.png", "1.png"] * 2
+    refused = (tmp_path / "g.refused.tsv").read_text().splitlines()
+    assert len(refused) == 1 + 8  # four files refused while enrolling, the same four as queries
+
+
+def test_flat_folder_is_one_identity_per_image(checkpoint, folder, tmp_path, capsys):
+    """``embed`` without ``--detect`` used to refuse a folder without identity sub-folders."""
+    import shutil
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for c in (3, 5):
+        shutil.copy(folder / f"char{c}" / "0.png", flat / f"person{c}.png")
+    out = tmp_path / "e.npz"
+    assert main(["embed", str(checkpoint), str(flat), "--out", str(out)]) == 0
+    with np.load(out, allow_pickle=False) as f:
+        assert list(f["identity_names"]) == ["person3", "person5"]
+        assert list(f["labels"]) == [0, 1]
+        e = f["embeddings"]
+    images = np.stack([cv2.imread(str(flat / f"person{c}.png"), 0) for c in (3, 5)])
+    np.testing.assert_allclose(e, Embedder.load(checkpoint).embed(images), atol=1e-6)

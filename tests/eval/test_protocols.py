@@ -166,6 +166,74 @@ def test_lfw_pairs_over_a_folder(tmp_path):
     assert len(r.kfold_accuracy.fold_accuracy) == 2  # the file's own two folds
 
 
+def _lfw_with_a_broken_image(tmp_path):
+    """8 pairs in 2 folds over a folder; the image of one impostor pair is empty."""
+    rng = np.random.default_rng(2)
+    for name, n in [("Ann_A", 3), ("Bob_B", 2), ("Cid_C", 1)]:
+        for k in range(1, n + 1):
+            p = tmp_path / "img" / name / f"{name}_{k:04d}.jpg"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            cv2.imwrite(str(p), rng.integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    broken = tmp_path / "img" / "Cid_C" / "Cid_C_0001.jpg"
+    broken.write_bytes(b"")
+    genuine = ["Ann_A\t1\t2", "Bob_B\t1\t2", "Ann_A\t1\t3", "Ann_A\t2\t3"]
+    impostor = ["Ann_A\t1\tBob_B\t1", "Ann_A\t2\tBob_B\t2", "Ann_A\t3\tBob_B\t1"]
+    rows = genuine[:2] + impostor[:2] + genuine[2:] + [impostor[2], "Bob_B\t2\tCid_C\t1"]
+    text = "2\t2\n" + "\n".join(rows) + "\n"
+    pairs = _write(tmp_path / "pairs.txt", text)
+    return pairs
+
+
+def test_lfw_pairs_skip_bad_leaves_out_the_pairs_of_an_unreadable_image(tmp_path):
+    pairs = _lfw_with_a_broken_image(tmp_path)
+    with pytest.raises(ValueError, match="Cid_C_0001.jpg: not a decodable image"):
+        LfwPairs(pairs, tmp_path / "img", flip=False).run(pixel_embed)
+    protocol = LfwPairs(pairs, tmp_path / "img", flip=False)
+    protocol.skip_bad = True
+    (r,) = protocol.run(pixel_embed)
+    source = f"{tmp_path / 'img'}:Cid_C/Cid_C_0001.jpg"
+    assert protocol.refused == ((source, "not a decodable image (0 bytes)"),)
+    assert "1 unreadable image(s) refused (--skip-bad): 1 of 8 pairs left out" in r.notes
+    assert (r.n_genuine, r.n_impostor) == (4, 3)  # the impostor pair Bob_B-Cid_C is gone
+
+
+def test_eval_command_skip_bad_writes_the_refused_list(tmp_path, capsys):
+    """``eval`` on a folder with a broken image used to end in a traceback."""
+    import torch
+
+    from partialfc.backbone.io import save_backbone
+    from partialfc.cli import main
+    from partialfc.models import build_model
+
+    pairs = _lfw_with_a_broken_image(tmp_path)
+    config = {"name": "iresnet_small", "kwargs": {"embedding_dim": 8, "input_size": 28}}
+    torch.manual_seed(0)
+    save_backbone(build_model(config["name"], **config["kwargs"]).eval(), config, tmp_path / "m")
+    args = ["eval", str(tmp_path / "m"), "--out", str(tmp_path / "o"), "--lfw-pairs", str(pairs)]
+    args += ["--lfw-images", str(tmp_path / "img")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("partialfc eval: ") and "Cid_C_0001.jpg: not a decodable image" in err
+    assert main([*args, "--skip-bad"]) == 0
+    listed = (tmp_path / "o" / "refused.tsv").read_text().splitlines()
+    assert listed == [
+        "file\treason",
+        f"{tmp_path / 'img'}:Cid_C/Cid_C_0001.jpg\tnot a decodable image (0 bytes)",
+    ]
+    assert (
+        f"1 file(s) refused, listed in {tmp_path / 'o' / 'refused.tsv'}" in capsys.readouterr().err
+    )
+    assert "1 of 8 pairs left out" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_eval_skip_bad_needs_a_protocol_that_reads_image_files(tmp_path, capsys):
+    from partialfc.cli import main
+
+    args = ["eval", str(tmp_path), "--out", str(tmp_path / "o"), "--omniglot", "--skip-bad"]
+    assert main(args) == 2
+    assert "--skip-bad applies to --lfw-pairs" in capsys.readouterr().err
+
+
 def test_orl_protocol_and_report_files(shared_data, tmp_path):
     reports = evaluate_model(pixel_embed, [Orl(shared_data / "orl_faces")], tmp_path, log=None)
     verification, closed, open_set = reports

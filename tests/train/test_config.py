@@ -205,3 +205,56 @@ def test_the_config_offers_exactly_the_choices_the_library_takes():
     assert allowed_values("optim.name") == optimizers
     for precision in allowed_values("train.precision"):
         resolve_precision(precision, torch.device("cuda"))  # KeyError for one it does not know
+
+
+def _laughs(levels: int) -> str:
+    """A "billion laughs" list in ``eval.protocols``: 9 aliases of 9 aliases ... ``levels`` deep
+    (9^(levels+1) strings once expanded)."""
+    items = ['&a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    items += [f"&a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    return "eval:\n  protocols: [[" + ", ".join(items) + "]]\n"
+
+
+@pytest.mark.parametrize("levels", [8, 9])
+def test_yaml_alias_bombs_are_refused_with_a_short_message(tmp_path, capsys, levels):
+    """An 8-level bomb used to print a 226 MB message; a 9-level one died with MemoryError."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_laughs(levels))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}: the YAML expands to more than 100000 values once its aliases (*name) are "
+        "expanded; refused (an alias bomb?)"
+    )
+    assert main(["train", "--config", str(path), "--print-config"]) == 2
+    assert len(capsys.readouterr().err) < 300
+    with pytest.raises(ConfigError, match=r"override 'eval.protocols=.*alias bomb"):
+        load_config(overrides=["eval.protocols=" + _laughs(levels).split("protocols: ")[1]])
+
+
+def test_expansion_budget_counts_aliases_as_copies_and_refuses_self_reference(tmp_path):
+    from partialfc.train.config import check_expanded_size
+
+    shared = ["x"] * 9
+    data = {"a": [shared] * 9}  # 1 + 1 key + 1 list + 9 x (1 list + 9 strings) = 93 values
+    check_expanded_size(data, "s", budget=93)
+    with pytest.raises(ConfigError, match="more than 92 values"):
+        check_expanded_size(data, "s", budget=92)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("eval:\n  protocols: &p [lfw, *p]\n")
+    with pytest.raises(ConfigError, match=r"loop\.yaml: a YAML alias refers to its own anchor"):
+        load_config(loop)
+    ok = tmp_path / "ok.yaml"  # anchors used as intended still load
+    ok.write_text("data:\n  source: omniglot\noptim:\n  lr: &n 0.01\n  weight_decay: *n\n")
+    assert load_config(ok).optim.weight_decay == 0.01
+
+
+def test_values_in_config_errors_are_cut_short(tmp_path):
+    """A megabyte value is echoed as at most 120 characters (``ranges.shown``)."""
+    long = "x" * 1_000_000
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"optim.name={long}"])
+    assert len(str(err.value)) < 300 and "xxx..." in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"train.epochs=[{','.join(['[1,2,3]'] * 10000)}]"])
+    assert len(str(err.value)) < 300 and "..." in str(err.value)

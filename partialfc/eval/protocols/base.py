@@ -16,6 +16,11 @@ class Protocol:
     name: str = "protocol"
     flip: bool = False
     batch_size: int = 256
+    # protocols over user folders may leave unreadable images out (``eval --skip-bad``):
+    # ``skips_bad`` says a protocol can, ``refused`` lists ``(file, reason)`` after a run
+    skips_bad: bool = False
+    skip_bad: bool = False
+    refused: tuple = ()
 
     def run(self, embed_fn: EmbedFn) -> list[Result]:
         raise NotImplementedError

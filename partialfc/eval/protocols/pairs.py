@@ -61,8 +61,12 @@ class LfwPairs(Protocol):
     """LFW ``pairs.txt`` over an image folder or zip (``<Name>/<Name>_<NNNN>.jpg``).
 
     Each distinct image is decoded and embedded once. Defaults: the LFW development pairs
-    (View 2 folds 1-5) in the shared data folder.
+    (View 2 folds 1-5) in the shared data folder. With ``skip_bad`` an image that cannot be
+    read is listed in ``refused`` and the pairs that use it are left out (the report says how
+    many); otherwise it stops the run.
     """
+
+    skips_bad = True
 
     def __init__(
         self,
@@ -85,6 +89,7 @@ class LfwPairs(Protocol):
 
     def run(self, embed_fn: EmbedFn) -> list[VerificationReport]:
         from partialfc.data.lfw import LfwImageArchive, read_lfw_pairs
+        from partialfc.data.refused import reason_of
 
         pairs = read_lfw_pairs(self.pairs_path)
         archive = LfwImageArchive(self.images_path)
@@ -92,31 +97,52 @@ class LfwPairs(Protocol):
             set(zip(pairs.name1, pairs.number1.tolist(), strict=True))
             | set(zip(pairs.name2, pairs.number2.tolist(), strict=True))
         )
+        images, refused = {}, []
+        for key in keys:
+            try:
+                images[key] = archive.read(*key)
+            except (ValueError, FileNotFoundError) as err:
+                if not self.skip_bad:
+                    raise
+                source = f"{self.images_path}:{archive.member(*key)}"
+                refused.append((source, reason_of(source, str(err))))
+        self.refused = tuple(refused)
+        first = list(zip(pairs.name1, pairs.number1.tolist(), strict=True))
+        second = list(zip(pairs.name2, pairs.number2.tolist(), strict=True))
+        kept = np.asarray(
+            [a in images and b in images for a, b in zip(first, second, strict=True)], bool
+        )
+        if not kept.any():
+            raise ValueError(f"{self.images_path}: no pair has two readable images")
+        keys = [key for key in keys if key in images]
         row = {key: i for i, key in enumerate(keys)}
         emb = np.concatenate(
             [
                 embed_images(
                     embed_fn,
-                    np.stack([archive.read(*key) for key in keys[s : s + self.batch_size]]),
+                    np.stack([images[key] for key in keys[s : s + self.batch_size]]),
                     self.flip,
                     self.batch_size,
                 )
                 for s in range(0, len(keys), self.batch_size)
             ]
         )
-        a = emb[[row[k] for k in zip(pairs.name1, pairs.number1.tolist(), strict=True)]]
-        b = emb[[row[k] for k in zip(pairs.name2, pairs.number2.tolist(), strict=True)]]
+        a = emb[[row[k] for k, keep in zip(first, kept, strict=True) if keep]]
+        b = emb[[row[k] for k, keep in zip(second, kept, strict=True) if keep]]
         scores = np.sum(a * b, axis=1)
+        notes = [f"{len(keys)} images, {len(np.unique(pairs.fold))} folds; flip test: {self.flip}"]
+        if refused:
+            notes.append(
+                f"{len(refused)} unreadable image(s) refused (--skip-bad): "
+                f"{int((~kept).sum())} of {len(kept)} pairs left out"
+            )
         return [
             verification_report(
                 self.name,
                 scores=scores,
-                is_genuine=pairs.issame,
-                folds=pairs.fold,
+                is_genuine=pairs.issame[kept],
+                folds=pairs.fold[kept],
                 fars=self.fars,
-                notes=[
-                    f"{len(keys)} images, {len(np.unique(pairs.fold))} folds; "
-                    f"flip test: {self.flip}"
-                ],
+                notes=notes,
             )
         ]

@@ -52,6 +52,8 @@ ON_THE_OPTION_PATH = {
     ("partialfc.deploy.export", "--opset"),  # export_checkpoint(opset=args.opset)
     ("partialfc.detect.deploy", "--detect"),  # only under args.detect
     ("partialfc.detect.command", "--detect"),  # aligned_copy: pack --detect
+    ("partialfc.detect.command", "--scrfd-size"),  # detector_from_args: --detect/--detector
+    ("partialfc.detect.command", "--scrfd-threshold"),  # detector_from_args, likewise
     ("partialfc.deploy.verify", "--allow-other-model"),  # check_threshold_model: --threshold
 }
 CROSS_REFERENCE = re.compile(r"partialfc ([a-z]+) (--[a-z][a-z0-9-]*[a-z0-9])")

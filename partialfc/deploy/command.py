@@ -103,8 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             type=float,
             default=None,
             metavar="SECONDS",
-            help="with --enroll/--remove: how long to wait while another process updates the "
-            "same gallery (default: as long as it takes)",
+            help="when enrolling or removing: how long to wait while another process updates "
+            "the same gallery (default: as long as it takes)",
         )
         _add_allow_other_model(parser)
     else:

@@ -226,9 +226,9 @@ def _providers(device: str) -> list:
         return ["CPUExecutionProvider"]
     kind, _, index = text.partition(":")
     if kind != "cuda" or not (index == "" or index.isdigit()):
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {text!r}")
+        raise ValueError(f"SCRFD device must be cpu, cuda or cuda:N, got {text!r}")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise ValueError(f"--device {text}: SCRFD needs onnxruntime-gpu's CUDA provider")
+        raise ValueError(f"SCRFD on {text} needs onnxruntime-gpu's CUDA provider")
     return [("CUDAExecutionProvider", {"device_id": int(index or 0)}), "CPUExecutionProvider"]
 
 

@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
+from partialfc.backbone.embedder import PREPROCESSING, PREPROCESSING_HELP
 from partialfc.eval import evaluate_model
 from partialfc.eval.protocols import (
     Ijb,
@@ -287,8 +288,8 @@ def test_eval_command_with_a_stand_in_embedder(monkeypatch, tmp_path, shared_dat
 
     class FakeEmbedder:
         @classmethod
-        def load(cls, path, device=None):
-            assert path == "model.onnx" and device == "cpu"
+        def load(cls, path, device=None, preprocessing="auto"):
+            assert path == "model.onnx" and device == "cpu" and preprocessing == "auto"
             return cls()
 
         spec = types.SimpleNamespace(input_size=(20, 20))
@@ -299,6 +300,7 @@ def test_eval_command_with_a_stand_in_embedder(monkeypatch, tmp_path, shared_dat
 
     module = types.ModuleType("partialfc.backbone.embedder")
     module.Embedder = FakeEmbedder
+    module.PREPROCESSING, module.PREPROCESSING_HELP = PREPROCESSING, PREPROCESSING_HELP
     monkeypatch.setitem(sys.modules, "partialfc.backbone.embedder", module)
     out = tmp_path / "report"
     assert (
@@ -381,7 +383,7 @@ def test_eval_command_fuses_several_models(monkeypatch, tmp_path, shared_data):
             self.p = p
 
         @classmethod
-        def load(cls, path, device=None):
+        def load(cls, path, device=None, preprocessing="auto"):
             loaded.append(path)
             return cls(proj[path])
 
@@ -392,6 +394,7 @@ def test_eval_command_fuses_several_models(monkeypatch, tmp_path, shared_data):
 
     module = types.ModuleType("partialfc.backbone.embedder")
     module.Embedder = FakeEmbedder
+    module.PREPROCESSING, module.PREPROCESSING_HELP = PREPROCESSING, PREPROCESSING_HELP
     monkeypatch.setitem(sys.modules, "partialfc.backbone.embedder", module)
     orl = ["--orl", str(shared_data / "orl_faces")]
     aucs = {}

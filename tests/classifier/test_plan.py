@@ -200,6 +200,101 @@ def test_buffers_after_a_step_are_the_planned_ones(
         )
 
 
+def _phase_peaks_of_the_second_step(pfc, opt, x, y) -> dict[str, int]:
+    """Peak live bytes of the CPU allocator in each phase of a second step, counted from before
+    the layer was built (torch.profiler's allocation and free events, in time order)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        layer, optimizer = pfc(), None
+        optimizer = opt(layer)
+        for step in range(2):
+            with record_function(f"phase:forward:{step}"):
+                loss = layer(x, y)
+            with record_function(f"phase:backward:{step}"):
+                loss.backward()
+                del loss
+            with record_function(f"phase:optimizer:{step}"):
+                optimizer.step()
+            x.grad = None
+    events = prof.profiler.kineto_results.events()
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    phases = sorted(
+        (e.start_ns(), e.end_ns(), e.name().split(":")[1])
+        for e in events
+        if e.name().startswith("phase:") and e.name().endswith(":1")
+    )
+    live, i, peaks = 0, 0, {}
+    for start, end, name in phases:
+        while i < len(memory) and memory[i][0] < start:
+            live += memory[i][1]
+            i += 1
+        peak = live
+        while i < len(memory) and memory[i][0] <= end:
+            live += memory[i][1]
+            i += 1
+            peak = max(peak, live)
+        peaks[name] = peak
+    return peaks
+
+
+@pytest.mark.parametrize(
+    "accelerator_chunk, storage, compute, optimizer, k",
+    [
+        (False, "float32", "float32", "sgd", 1),
+        (True, "float32", "float32", "sgd", 1),
+        (False, "float32", "bfloat16", "sgd", 1),  # emulated: rounded operands
+        (True, "bfloat16", "bfloat16", "adamw", 2),  # emulated, bfloat16 rows and moments
+    ],
+)
+def test_phase_peaks_of_a_real_step(accelerator_chunk, storage, compute, optimizer, k, monkeypatch):
+    """Everything the step allocates, not only the reused buffers: the allocator's peak per
+    phase of a real second step against the plan's (the draw's index vectors are random in
+    size, so within 1 %). ``accelerator_chunk``: one chunk of all active rows, planned for a
+    GPU (whose first-step noise-pool draw is on the host; the second step has none)."""
+    if accelerator_chunk:
+        for module in (storage_module, partial_fc_module, optim_module):
+            monkeypatch.setattr(module, "chunk_rows", lambda device: 2**20)
+    monkeypatch.setattr(storage_module, "_NOISE_POOLS", {})
+    classes, d, batch, rate = 30_000, 128, 64, 0.1
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, d, generator=gen, requires_grad=True)
+    y = torch.randint(0, classes, (batch,), generator=gen)
+
+    def layer():
+        return PartialFC(
+            classes,
+            d,
+            ArcFaceMargin(),
+            sample_rate=rate,
+            num_subcenters=k,
+            storage_dtype=getattr(torch, storage),
+            compute_dtype=compute,
+            gemm_path="auto" if compute == "float32" else "emulated",
+        )
+
+    def make_optimizer(pfc):
+        return RowSparseAdamW(pfc) if optimizer == "adamw" else RowSparseSGD(pfc, lr=0.1)
+
+    measured = _phase_peaks_of_the_second_step(layer, make_optimizer, x, y)
+    spec = RunSpec(
+        classes,
+        1,
+        batch,
+        d,
+        rate,
+        k,
+        storage,
+        compute_dtype=compute,
+        optimizer=optimizer,
+        device="cuda" if accelerator_chunk else "cpu",
+        gemm_path="auto" if compute == "float32" else "emulated",
+    )
+    planned = plan_run(spec).peaks["device"]
+    for phase in ("forward", "backward", "optimizer"):
+        assert planned[phase] == pytest.approx(measured[phase], rel=0.01), phase
+
+
 # ---------------------------------------------------------------- measured CPU peaks
 @pytest.fixture(scope="module")
 def bench():

@@ -8,7 +8,8 @@ and the bytes each collective moves per step. Nothing is allocated; all numbers 
 
 Phases: ``init`` (the table is filled in 65536-class chunks of float32 rows), then the step's
 ``forward``, ``backward`` and ``optimizer``. Reusable buffers keep their memory from the first
-step on, so they count in every phase of the step; the peak of a memory is the largest phase.
+step on, so they count in every phase of the step; temporaries that follow one another within a
+phase count as the largest of them; the peak of a memory is the largest phase.
 
 Methods:
 

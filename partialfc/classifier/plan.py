@@ -8,7 +8,8 @@ and the bytes each collective moves per step. Nothing is allocated; all numbers 
 
 Phases: ``init`` (the table is filled in 65536-class chunks of float32 rows), then the step's
 ``forward``, ``backward`` and ``optimizer``. Reusable buffers keep their memory from the first
-step on, so they count in every phase of the step; the peak of a memory is the largest phase.
+step on, so they count in every phase of the step; temporaries that follow one another within a
+phase count as the largest of them; the peak of a memory is the largest phase.
 
 Methods:
 
@@ -258,33 +259,87 @@ def _init_chunk_bytes(spec: RunSpec, local: int) -> int:
     return worst
 
 
-def _noise_pool_bytes(spec: RunSpec, n: int, chunk: int) -> int:
-    """The stochastic-rounding noise pools of bfloat16 writes: one per distinct write size,
-    ``2 max(2^20, 2^ceil(log2 numel))`` int32 values each, kept for the process."""
+def _noise_pool_sizes(spec: RunSpec, n: int, chunk: int) -> set[int]:
+    """int32 values of each stochastic-rounding noise pool of bfloat16 writes: one pool per
+    distinct write size (a chunk, and the last chunk when it is shorter),
+    ``max(2^20, 2^ceil(log2 numel))`` values, kept twice for the process."""
     d, sizes = spec.embedding_dim, set()
     for rows in {min(chunk, n), n % chunk if n > chunk else 0} - {0}:
         numel = rows * d
         sizes.add(max(CHUNK_ROWS * 512, 1 << (numel - 1).bit_length()))
-    return sum(2 * size * 4 for size in sizes)
+    return sizes
 
 
-def _common_step_items(spec: RunSpec, active: int, n: int) -> list[MemoryItem]:
-    """The gathered batch and the per-step index tensors, alive through the step."""
+def _gemm_temporaries(spec: RunSpec, n: int, c: int) -> dict[str, int]:
+    """Largest operand and product temporaries of the three GEMMs of a low-precision step,
+    per phase (float32: none); ``c`` rows a chunk, ``n`` rows in all.
+
+    native: operands converted to the compute dtype; the product comes in float32 (CUDA's
+    ``out_dtype``) or in the compute dtype (a CPU's rounded product) and is copied into its
+    buffer. emulated: operands rounded through the compute dtype into new float32 tensors (the
+    rounded copy is alive while the float32 one is made); no product temporary. The row
+    operand of a chunk is made before the previous chunk's is released.
+    """
+    if spec.path == "float32":
+        return {}
+    d, big_b = spec.embedding_dim, spec.global_batch
+    cb, sb = DTYPE_BYTES[spec.compute_dtype], DTYPE_BYTES[spec.storage_dtype]
+    native = spec.path == "native"
+    out_bytes = 4 if spec.device == "cuda" else cb  # bytes of a native product
+
+    def operand(numel: int, representable: bool = False) -> tuple[int, int]:
+        """(kept, made): bytes of the operand, and the most alive while it is made."""
+        if native:
+            return numel * cb, numel * cb
+        if representable:
+            return 0, 0
+        return numel * 4, numel * (4 + cb)
+
+    cached = native and sb == 4  # rows converted once into the operand cache (forward)
+    rows_exact = spec.compute_dtype == spec.storage_dtype  # a bfloat16 table, bfloat16 GEMMs
+    x_kept, x_made = operand(big_b * d)
+    w_kept, w_made = (0, 0) if cached else operand(c * d, rows_exact)
+    if n > c:  # the next chunk's operand is made while the previous one is still referenced
+        w_prev, w_made = w_kept, operand(min(c, n - c) * d, rows_exact)[1] if w_made else 0
+    else:
+        w_prev = 0
+    q_kept, q_made = operand(c * big_b)
+
+    def product(numel: int) -> int:
+        return numel * out_bytes if native else 0
+
+    forward = x_kept + max(w_prev + w_made, w_kept + product(c * big_b), x_made - x_kept)
+    backward = max(w_prev + w_made, w_kept + max(q_made, q_kept + product(big_b * d)))
+    optimizer = max(q_made, q_kept + x_made, q_kept + x_kept + product(c * d))
+    return {"forward": forward, "backward": backward, "optimizer": optimizer}
+
+
+def _common_step_items(
+    spec: RunSpec, active: int, n: int, forward_gemm: int = 0
+) -> list[MemoryItem]:
+    """The gathered batch and the per-step index tensors, alive through the step, and the
+    forward's temporaries: the negative draw's index vectors, freed before the score loop
+    makes its ``forward_gemm`` bytes of GEMM operands and products (the larger counts)."""
     b, big_b, d = spec.batch_per_rank, spec.global_batch, spec.embedding_dim
+    sampling = 6 * active * 8  # int64 draws, unique, sort (about; the draw is random)
+    if sampling >= forward_gemm:
+        first = ("negative sampling (int64 draws, unique, sort)", "sampling", sampling)
+    else:
+        first = ("GEMM operands and products (forward)", "active_rows", forward_gemm)
     gather = [
         MemoryItem("normalised local embeddings", "gather", b * d * 4, "device", STEP),
         MemoryItem("gathered labels (int64)", "gather", big_b * 8, "device", STEP),
         MemoryItem("target columns, local rows (int64)", "other", 2 * big_b * 8, "device", STEP),
-        MemoryItem("active rows and classes (int64)", "other", (n + active) * 8, "device", STEP),
-        MemoryItem("1 / |w| of the active rows", "other", n * 4, "device", STEP),
-        MemoryItem("embedding gradient", "gradients", b * d * 4, "device", ("backward",)),
         MemoryItem(
-            "negative sampling (int64 draws, unique, sort)",
-            "sampling",
-            6 * active * 8,
+            "active rows and classes (int64)",
+            "other",
+            (n + active if spec.num_subcenters > 1 else n) * 8,  # K = 1: the rows are the classes
             "device",
-            ("forward",),
+            STEP,
         ),
+        MemoryItem("1 / |w| and s / |w| of the active rows", "other", 2 * n * 4, "device", STEP),
+        MemoryItem("embedding gradient", "gradients", b * d * 4, "device", ("backward",)),
+        MemoryItem(*first, "device", ("forward",)),
     ]
     if spec.ranks > 1:
         padded = spec.ranks * b * d * 4  # blocks of the padded all-gather, then their concat
@@ -407,38 +462,73 @@ def _sparse_items(spec: RunSpec, local: int, active: int, n: int):
                 STEP,
             )
         )
-    if sb == 2 or (tables and stb == 2):
+    items.append(
+        MemoryItem(
+            "radial pass of the center gradient (m x (d + 2), float32)",
+            "gradients",
+            c * (d + 2) * 4,
+            "device",
+            STEP,
+        )
+    )
+    # the optimizer phase's temporaries come one after the other (the center gradient's GEMM,
+    # AdamW's update, the bfloat16 writes), so the largest of them counts
+    optimizer_temporaries = {"GEMM operands of the center gradient": 0, "AdamW": 0, "bf16": 0}
+    rounded_writes = sb == 2 or (tables and stb == 2)
+    pools = _noise_pool_sizes(spec, n, chunk) if rounded_writes else set()
+    if pools:
         items.append(
             MemoryItem(
                 "stochastic-rounding noise pools",
                 "other",
-                _noise_pool_bytes(spec, n, chunk),
+                sum(2 * size * 4 for size in pools),
                 "device",
                 STEP,
             )
         )
-    items += _common_step_items(spec, active, n)
-    if spec.path != "float32":  # the batch as GEMM operand; per-chunk operand temporaries
-        x_op = big_b * d * (cb if spec.path == "native" else 4)
-        items.append(
-            MemoryItem("batch as GEMM operand", "gather", x_op, "device", ("forward", "backward"))
-        )
-        per_chunk = c * (d + big_b) * (cb if spec.path == "native" else cb + 4)
-        items.append(
-            MemoryItem(
-                "operand chunks", "active_rows", per_chunk, "device", ("forward", "backward")
+        # a write rounds its chunk into a new bfloat16 tensor; a pool is drawn (int32) and
+        # doubled on the host the first time its size is written, then moved to the device
+        draw = max(pools) * 4
+        rounding = c * d * 2
+        if spec.device == "cuda":
+            items.append(
+                MemoryItem(
+                    "noise pool draw (first write of a size)",
+                    "other",
+                    3 * draw,
+                    "host",
+                    ("optimizer",),
+                )
             )
-        )
-    if spec.optimizer == "adamw":
+        else:
+            rounding = max(rounding, draw)
+        optimizer_temporaries["bf16"] = rounding
+    gemm = _gemm_temporaries(spec, n, c)
+    items += _common_step_items(spec, active, n, gemm.get("forward", 0))
+    if gemm:
         items.append(
             MemoryItem(
-                "AdamW chunk temporaries",
-                "optimizer_state",
-                3 * c * d * 4,
+                "GEMM operands and products (backward)",
+                "active_rows",
+                gemm["backward"],
                 "device",
-                ("optimizer",),
+                ("backward",),
             )
         )
+    optimizer_temporaries["GEMM operands of the center gradient"] = gemm.get("optimizer", 0)
+    if spec.optimizer == "adamw":  # sqrt(v), its quotient, then the quotient and m / (1 - b1^t)
+        optimizer_temporaries["AdamW"] = 2 * c * d * 4
+    largest = max(optimizer_temporaries, key=optimizer_temporaries.get)
+    names = {"bf16": "bfloat16 rounding of a written chunk", "AdamW": "AdamW chunk temporaries"}
+    items.append(
+        MemoryItem(
+            names.get(largest, largest),
+            {"AdamW": "optimizer_state", "bf16": "other"}.get(largest, "gradients"),
+            optimizer_temporaries[largest],
+            "device",
+            ("optimizer",),
+        )
+    )
     bus = 0
     if spec.staged:  # the rows and their state cross the bus both ways, in their own dtypes
         bus = 2 * n * d * (sb + tables * stb) + 2 * n * 8
@@ -470,6 +560,13 @@ def _dense_items(spec: RunSpec, local: int, active: int, n: int):
             ("forward", "backward"),
         ),
         MemoryItem("active-row gradient", "gradients", n * d * 4, "device", ("backward",)),
+        MemoryItem(
+            "radial pass of a gradient chunk (vecdot's product)",
+            "gradients",
+            min(CHUNK_ROWS if spec.device == "cpu" else DEVICE_CHUNK_ROWS, n) * d * 4,
+            "device",
+            ("backward",),
+        ),
         # index_select's backward scatters into a dense gradient once the softmax's saved
         # rows are freed, so it peaks with the optimizer's copy, not with the active rows
         MemoryItem("dense center gradient", "gradients", table, "device", ("optimizer",)),

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from partialfc.classifier import PartialFC, RowSparseAdamW, RowSparseSGD
+from partialfc.classifier import optim as optim_module
+from partialfc.classifier import partial_fc as partial_fc_module
 from partialfc.classifier import storage as storage_module
 from partialfc.classifier.plan import RunSpec, plan_run
 from partialfc.cli import main
@@ -93,18 +95,45 @@ def test_host_storage_keeps_the_tables_on_the_host():
 
 
 def test_device_chunks_and_noise_pool_on_a_gpu():
+    assert storage_module.DEVICE_CHUNK_ROWS == 2**20  # the numbers below are worked for it
+    # 1.25M classes per rank, r = 0.1: 125,000 active rows, one chunk of 125,000 rows
     plan = plan_run(RunSpec(10_000_000, 8, 128, 512, storage_dtype="bfloat16"))
-    assert _bytes(plan, "row chunk") == 65536 * 512 * 4
-    # 65536 x 512 values per write -> a pool of 2^25 int32 values, stored twice
-    assert _bytes(plan, "stochastic-rounding") == 2 * 2**25 * 4
+    assert _bytes(plan, "row chunk") == 125_000 * 512 * 4
+    assert _bytes(plan, "staging chunk of the centers") == 125_000 * 512 * 2
+    assert _bytes(plan, "radial pass") == 125_000 * (512 + 2) * 4
+    # 64,000,000 values per write -> a pool of 2^26 int32 values, stored twice on the device;
+    # drawn once on the host (2^26 int32) and doubled there (2 x 2^26) before it moves
+    assert _bytes(plan, "stochastic-rounding") == 2 * 2**26 * 4
+    assert _bytes(plan, "noise pool draw") == 3 * 2**26 * 4
+    assert plan.peaks["host"]["optimizer"] == 3 * 2**26 * 4
+    # the optimizer's temporaries: a chunk rounded to bfloat16
+    assert _bytes(plan, "bfloat16 rounding") == 125_000 * 512 * 2
+    # 12.5M classes per rank: 1,250,000 active rows, chunks of 2^20 and 201,424 rows, so two
+    # write sizes: 2^29 values (a pool of 2^29) and 103,129,088 (a pool of 2^27)
+    plan = plan_run(RunSpec(100_000_000, 8, 128, 512, storage_dtype="bfloat16"))
+    assert plan.active_rows == 1_250_000
+    assert _bytes(plan, "row chunk") == 2**20 * 512 * 4
+    assert _bytes(plan, "stochastic-rounding") == 2 * (2**29 + 2**27) * 4
+    assert _bytes(plan, "noise pool draw") == 3 * 2**29 * 4
 
 
 def test_fit_and_errors():
     plan = plan_run(RunSpec(64_000_000, 8, 128, 512))
     assert plan.fits(80 * 2**30) and not plan.fits(32 * 2**30)
     big = plan_run(RunSpec(128_000_000, 8, 128, 512))  # 16M classes per rank
-    assert 67 * 2**30 < big.peak("device") < 68 * 2**30  # 2 x 32.8 GB of table + 6.6 GB scores
-    assert big.fits(80 * 2**30, 12 * 2**30) and not big.fits(80 * 2**30, 13 * 2**30)
+    # forward of rank 0: 1.6M active rows in chunks of c = 2^20 rows; B = 1024, d = 512
+    n, c, d, big_b = 1_600_000, 2**20, 512, 1024
+    table = 16_000_000 * d * 4  # 32.8 GB, twice: centers and momentum
+    chunks = 4 * c * d * 4  # layer rows, optimizer rows, center gradient, momentum (2 GiB each)
+    radial = c * (d + 2) * 4
+    scores = n * big_b * 4  # 6.6 GB
+    indices = n * 8 + 2 * n * 4 + 2 * big_b * 8 + big_b * 8  # rows, 1/|w| and s/|w|, labels
+    batch = 128 * d * 4 + big_b * d * 4 + 8 * 128 * d * 4  # x_hat, gathered, gather blocks
+    sampling = 6 * n * 8  # the draw's int64 vectors (draws, unique, sort)
+    forward = 2 * table + chunks + radial + scores + indices + batch + sampling
+    assert big.peaks["device"]["forward"] == forward == big.peak("device")
+    assert 77 * 2**30 < forward < 78 * 2**30
+    assert big.fits(80 * 2**30, 2 * 2**30) and not big.fits(80 * 2**30, 3 * 2**30)
     with pytest.raises(ValueError, match="batch_per_rank must be a positive integer"):
         plan_run(RunSpec(1000, 1, 0))
     with pytest.raises(ValueError, match="sample_rate must be in"):
@@ -114,11 +143,21 @@ def test_fit_and_errors():
 
 
 # ---------------------------------------------------------------- the layer's own buffers
+@pytest.mark.parametrize("accelerator_chunk", [False, True], ids=["cpu-chunk", "device-chunk"])
 @pytest.mark.parametrize(
     "storage, optimizer, k",
     [(torch.float32, "sgd", 1), (torch.bfloat16, "sgd", 1), (torch.bfloat16, "adamw", 2)],
 )
-def test_buffers_after_a_step_are_the_planned_ones(storage, optimizer, k):
+def test_buffers_after_a_step_are_the_planned_ones(
+    storage, optimizer, k, accelerator_chunk, monkeypatch
+):
+    """The layer's reused buffers after a real step, byte for byte; ``device-chunk`` runs the
+    accelerator's chunk (one chunk of all 3,000 / 6,000 active rows) on the CPU and plans
+    for a GPU (every chunk-sized buffer then holds all active rows)."""
+    monkeypatch.setattr(storage_module, "_NOISE_POOLS", {})
+    if accelerator_chunk:
+        for module in (storage_module, partial_fc_module, optim_module):
+            monkeypatch.setattr(module, "chunk_rows", lambda device: 2**20)
     classes, d, batch, rate = 30_000, 16, 32, 0.1
     pfc = PartialFC(
         classes, d, ArcFaceMargin(), sample_rate=rate, num_subcenters=k, storage_dtype=storage
@@ -129,9 +168,11 @@ def test_buffers_after_a_step_are_the_planned_ones(storage, optimizer, k):
     pfc(x, torch.randint(0, classes, (batch,), generator=gen)).backward()
     opt.step()
     dtype = str(storage).removeprefix("torch.")
+    device = "cuda" if accelerator_chunk else "cpu"
     plan = plan_run(
-        RunSpec(classes, 1, batch, d, rate, k, dtype, optimizer=optimizer, device="cpu")
+        RunSpec(classes, 1, batch, d, rate, k, dtype, optimizer=optimizer, device=device)
     )
+    chunk = 3_000 * k if accelerator_chunk else 2048
 
     def held(buffer):
         return buffer._storage.numel() * buffer._storage.element_size()
@@ -143,10 +184,12 @@ def test_buffers_after_a_step_are_the_planned_ones(storage, optimizer, k):
     assert _bytes(plan, "optimizer state (") + _bytes(plan, "AdamW per-row") == state
     assert plan.state_bytes() == pfc.centers.nbytes() + state
     assert _bytes(plan, "scores") == held(pfc._scores_buffer)
-    assert _bytes(plan, "row chunk") == held(pfc._chunk_buffer)
+    assert _bytes(plan, "row chunk") == held(pfc._chunk_buffer) == chunk * d * 4
     assert _bytes(plan, "optimizer row chunk") == held(opt._weight_scratch)
     assert _bytes(plan, "center gradient chunk") == held(opt._grad_scratch)
     assert _bytes(plan, "optimizer state chunks") == sum(held(b) for b in opt._scratch.values())
+    assert _bytes(plan, "1 / |w| and s / |w|") == held(pfc._inv_norm_buffer)
+    assert _bytes(plan, "radial pass") == held(opt._radial_scratch) == chunk * (d + 2) * 4
     if storage == torch.bfloat16:
         assert _bytes(plan, "staging chunk of the centers") == held(pfc.centers._staging)
         stagings = sum(held(t._staging) for t in opt.tables.values())
@@ -155,6 +198,101 @@ def test_buffers_after_a_step_are_the_planned_ones(storage, optimizer, k):
         assert _bytes(plan, "stochastic-rounding") == sum(
             p.numel() * 4 for (dev, _), p in pools.items() if dev == "cpu"
         )
+
+
+def _phase_peaks_of_the_second_step(pfc, opt, x, y) -> dict[str, int]:
+    """Peak live bytes of the CPU allocator in each phase of a second step, counted from before
+    the layer was built (torch.profiler's allocation and free events, in time order)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        layer, optimizer = pfc(), None
+        optimizer = opt(layer)
+        for step in range(2):
+            with record_function(f"phase:forward:{step}"):
+                loss = layer(x, y)
+            with record_function(f"phase:backward:{step}"):
+                loss.backward()
+                del loss
+            with record_function(f"phase:optimizer:{step}"):
+                optimizer.step()
+            x.grad = None
+    events = prof.profiler.kineto_results.events()
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    phases = sorted(
+        (e.start_ns(), e.end_ns(), e.name().split(":")[1])
+        for e in events
+        if e.name().startswith("phase:") and e.name().endswith(":1")
+    )
+    live, i, peaks = 0, 0, {}
+    for start, end, name in phases:
+        while i < len(memory) and memory[i][0] < start:
+            live += memory[i][1]
+            i += 1
+        peak = live
+        while i < len(memory) and memory[i][0] <= end:
+            live += memory[i][1]
+            i += 1
+            peak = max(peak, live)
+        peaks[name] = peak
+    return peaks
+
+
+@pytest.mark.parametrize(
+    "accelerator_chunk, storage, compute, optimizer, k",
+    [
+        (False, "float32", "float32", "sgd", 1),
+        (True, "float32", "float32", "sgd", 1),
+        (False, "float32", "bfloat16", "sgd", 1),  # emulated: rounded operands
+        (True, "bfloat16", "bfloat16", "adamw", 2),  # emulated, bfloat16 rows and moments
+    ],
+)
+def test_phase_peaks_of_a_real_step(accelerator_chunk, storage, compute, optimizer, k, monkeypatch):
+    """Everything the step allocates, not only the reused buffers: the allocator's peak per
+    phase of a real second step against the plan's (the draw's index vectors are random in
+    size, so within 1 %). ``accelerator_chunk``: one chunk of all active rows, planned for a
+    GPU (whose first-step noise-pool draw is on the host; the second step has none)."""
+    if accelerator_chunk:
+        for module in (storage_module, partial_fc_module, optim_module):
+            monkeypatch.setattr(module, "chunk_rows", lambda device: 2**20)
+    monkeypatch.setattr(storage_module, "_NOISE_POOLS", {})
+    classes, d, batch, rate = 30_000, 128, 64, 0.1
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, d, generator=gen, requires_grad=True)
+    y = torch.randint(0, classes, (batch,), generator=gen)
+
+    def layer():
+        return PartialFC(
+            classes,
+            d,
+            ArcFaceMargin(),
+            sample_rate=rate,
+            num_subcenters=k,
+            storage_dtype=getattr(torch, storage),
+            compute_dtype=compute,
+            gemm_path="auto" if compute == "float32" else "emulated",
+        )
+
+    def make_optimizer(pfc):
+        return RowSparseAdamW(pfc) if optimizer == "adamw" else RowSparseSGD(pfc, lr=0.1)
+
+    measured = _phase_peaks_of_the_second_step(layer, make_optimizer, x, y)
+    spec = RunSpec(
+        classes,
+        1,
+        batch,
+        d,
+        rate,
+        k,
+        storage,
+        compute_dtype=compute,
+        optimizer=optimizer,
+        device="cuda" if accelerator_chunk else "cpu",
+        gemm_path="auto" if compute == "float32" else "emulated",
+    )
+    planned = plan_run(spec).peaks["device"]
+    for phase in ("forward", "backward", "optimizer"):
+        assert planned[phase] == pytest.approx(measured[phase], rel=0.01), phase
 
 
 # ---------------------------------------------------------------- measured CPU peaks

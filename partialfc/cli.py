@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "distill": ("partialfc.tools.distillation", "train a small student from a teacher checkpoint"),
     "clean": ("partialfc.tools.cleaning.command", "sub-center cleaning of a noisy training set"),
+    "import-weights": (
+        "partialfc.tools.arcface_torch.weights_command",
+        "turn an arcface_torch backbone (.pth) into a partialfc model directory",
+    ),
 }
 
 

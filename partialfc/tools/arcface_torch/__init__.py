@@ -1,0 +1,1 @@
+"""Bring an arcface_torch setup in: backbone weights and config files."""

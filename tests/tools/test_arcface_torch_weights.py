@@ -375,3 +375,25 @@ def test_equal_to_insightface_modules(network, tmp_path):
         get_model = script.import_get_model(Path(INSIGHTFACE))
         row = script.compare(get_model, network, inputs=4, batch=4, workdir=tmp_path, seed=0)
     assert row["min_cosine"] >= 0.99999, row
+
+
+def test_eval_command_accepts_the_directory(imported_mbf, tmp_path):
+    import io
+
+    from PIL import Image
+
+    from partialfc.data.verification_bin import write_verification_bin
+
+    model_dir, _ = imported_mbf
+    rng = np.random.default_rng(2)
+    images = []
+    for _ in range(40):
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (112, 112, 3), dtype=np.uint8)).save(buffer, "PNG")
+        images.append(buffer.getvalue())
+    write_verification_bin(tmp_path / "tiny.bin", images, [True, False] * 10)
+    out = tmp_path / "report"
+    assert (
+        main(["eval", str(model_dir), "--bin", str(tmp_path / "tiny.bin"), "--out", str(out)]) == 0
+    )
+    assert "tiny" in (out / "results.json").read_text()

@@ -17,7 +17,7 @@ The result is a directory ``embed``, ``eval``, ``export``, ``search`` and
 ``checkpoint.init_from`` read: ``backbone.safetensors`` + ``model.json`` (the training
 checkpoint's form, :mod:`partialfc.backbone.io`) + ``preprocessing.json`` with InsightFace's
 preprocessing, RGB 112×112 and ``(x − 127.5) / 127.5`` (mean = std = 0.5 on ``x / 255``).
-Files are read with ``torch.load(weights_only=True)`` or safetensors: nothing is unpickled.
+Files are read with ``torch.load(weights_only=True)`` or safetensors: no code in them runs.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "weights",
         help="arcface_torch backbone weights: model.pt / backbone.pth (a state dict), "
         "checkpoint_gpu_<rank>.pt (its state_dict_backbone) or .safetensors; "
-        "read with torch.load(weights_only=True), never unpickled",
+        "read with torch.load(weights_only=True): tensors only, no code in the file runs",
     )
     parser.add_argument(
         "--network",

@@ -54,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "partialfc.classifier.plan_command",
         "predict a Partial FC run's per-rank memory and bytes per step; does it fit?",
     ),
+    "import-weights": (
+        "partialfc.tools.arcface_torch.weights_command",
+        "turn an arcface_torch backbone (.pth) into a partialfc model directory",
+    ),
     "import-config": (
         "partialfc.tools.arcface_torch.config_command",
         "convert an arcface_torch config (.py, read without running it) to a YAML config",

@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from torch import nn
 
+from partialfc.models.arcface_mbf import ArcFaceMobileFaceNet, arcface_mbf, arcface_mbf_large
+from partialfc.models.arcface_vit import ARCFACE_VITS, ArcFaceViT
 from partialfc.models.complexity import Complexity, complexity, count_macs, count_parameters
 from partialfc.models.iresnet import (
     IResNet,
@@ -25,6 +27,7 @@ from partialfc.models.iresnet import (
     iresnet50,
     iresnet100,
     iresnet200,
+    iresnet2060,
     iresnet_small,
     iresnet_small_narrow,
     iresnet_tiny,
@@ -39,6 +42,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "iresnet50": iresnet50,
     "iresnet100": iresnet100,
     "iresnet200": iresnet200,
+    "iresnet2060": iresnet2060,
     "iresnet_small": iresnet_small,
     "iresnet_small_narrow": iresnet_small_narrow,
     "iresnet_tiny": iresnet_tiny,
@@ -46,6 +50,10 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "vit_t": vit_t,
     "vit_s": vit_s,
     "vit_b": vit_b,
+    # the layouts of InsightFace's arcface_torch (partialfc.tools.arcface_torch imports them)
+    "arcface_mbf": arcface_mbf,
+    "arcface_mbf_large": arcface_mbf_large,
+    **ARCFACE_VITS,
 }
 
 
@@ -83,6 +91,8 @@ def build_model(
 
 __all__ = [
     "MODELS",
+    "ArcFaceMobileFaceNet",
+    "ArcFaceViT",
     "Complexity",
     "FaceViT",
     "IResNet",
@@ -97,6 +107,7 @@ __all__ = [
     "iresnet50",
     "iresnet100",
     "iresnet200",
+    "iresnet2060",
     "iresnet_small",
     "iresnet_small_narrow",
     "iresnet_tiny",

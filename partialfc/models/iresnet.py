@@ -12,7 +12,7 @@ The final feature-map size is computed from the input size (7×7 at 112, 6×6 at
 2×2 at 28), so the same definition serves 112×112 faces and 28×28 Omniglot characters.
 
 Depths (blocks per stage): r18 2-2-2-2, r34 3-4-6-3, r50 3-4-14-3, r100 3-13-30-3,
-r200 6-26-60-6; widths 64-128-256-512.
+r200 6-26-60-6, r2060 3-128-896-3; widths 64-128-256-512.
 """
 
 from __future__ import annotations
@@ -162,6 +162,11 @@ def iresnet100(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0) ->
 def iresnet200(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0) -> IResNet:
     """IResNet-200 (6-26-60-6): 23.5 GMACs at 112×112, 512-d."""
     return _iresnet((6, 26, 60, 6), embedding_dim, input_size, in_channels, dropout)
+
+
+def iresnet2060(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0) -> IResNet:
+    """IResNet-2060 (3-128-896-3), arcface_torch's ``r2060``: about 1.1 billion parameters."""
+    return _iresnet((3, 128, 896, 3), embedding_dim, input_size, in_channels, dropout)
 
 
 def iresnet_small(embedding_dim=512, input_size=112, in_channels=3, dropout=0.0) -> IResNet:

@@ -34,6 +34,8 @@ import torch
 from partialfc.atomic import atomic_output, atomic_write_bytes  # noqa: F401 - re-exported
 from partialfc.backbone.io import (  # noqa: F401 - the backbone's files; re-exported
     CHECKPOINT_PATTERN,
+    MODEL_CONFIG_FILENAME,
+    WEIGHTS_FILENAME,
     list_checkpoints,
     load_backbone_from_checkpoint,
     load_backbone_state,
@@ -140,5 +142,42 @@ def resolve_checkpoint(spec: str, run_dir: Path) -> Path | None:
         return found[-1] if found else None
     path = newest_checkpoint(spec, marker="meta.json")
     if path is None:
-        raise FileNotFoundError(f"checkpoint.resume={spec!r}: no checkpoint there")
+        raise FileNotFoundError(
+            f"checkpoint.resume={spec!r}: no training checkpoint there (meta.json); to start "
+            "from the weights of a model directory use checkpoint.init_from"
+        )
     return path
+
+
+def resolve_init_from(spec: str) -> tuple[Path, dict]:
+    """The weights ``checkpoint.init_from`` names: ``(directory holding backbone.safetensors,
+    model_config)``.
+
+    ``spec`` is a model directory (``backbone.safetensors`` + ``model.json``, as
+    ``partialfc import-weights`` writes; or ``+ preprocessing.json``, as ``partialfc export``
+    writes), a training checkpoint, or a run folder (its newest checkpoint). No trainer state
+    is needed. Errors name ``checkpoint.init_from``.
+    """
+    from partialfc.backbone.spec import SPEC_FILENAME, PreprocessingSpec
+
+    key = f"checkpoint.init_from={spec!r}"
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"{key}: no such directory")
+    found = newest_checkpoint(path)
+    if found is not None:
+        try:
+            model_config = read_model_config(found)
+        except ValueError as err:
+            raise ValueError(f"{key}: {err}") from None
+    elif (path / SPEC_FILENAME).is_file():
+        found, spec_file = path, PreprocessingSpec.load(path / SPEC_FILENAME)
+        model_config = {"name": spec_file.model_name, "kwargs": dict(spec_file.model_kwargs)}
+    else:
+        raise FileNotFoundError(
+            f"{key}: no model there: expected a model directory ({WEIGHTS_FILENAME} + "
+            f"{MODEL_CONFIG_FILENAME} or {SPEC_FILENAME}), a training checkpoint or a run folder"
+        )
+    if not (found / WEIGHTS_FILENAME).is_file():
+        raise FileNotFoundError(f"{key}: {found} has no {WEIGHTS_FILENAME}")
+    return found, model_config

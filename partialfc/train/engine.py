@@ -781,12 +781,32 @@ class Trainer:
             ckpt.restore_rng_state(ckpt.safe_torch_load(rng_file))
 
     def _init_backbone_from(self, spec: str) -> None:
-        """Fine-tuning: the backbone weights of another run; a fresh head for this class set."""
-        path = ckpt.resolve_checkpoint(spec, Path(spec))
-        model_config = backbone_io.read_model_config(path)
+        """Fine-tuning: the backbone weights of another run or of a model directory; a fresh
+        head for this class set (:func:`partialfc.train.checkpoint.resolve_init_from`)."""
+        path, model_config = ckpt.resolve_init_from(spec)
+        key = f"checkpoint.init_from={spec!r}"
         if model_config["name"] != self.model_config["name"]:
             raise ValueError(
-                f"checkpoint.init_from={spec!r} holds a {model_config['name']}, "
-                f"this config builds a {self.model_config['name']}"
+                f"{key} holds a {model_config['name']}, this config builds a "
+                f"{self.model_config['name']} (set model.name: {model_config['name']})"
             )
-        self.backbone.load_state_dict(backbone_io.load_backbone_state(path))
+        ours, theirs = self.model_config["kwargs"], model_config["kwargs"]
+        for name in ("embedding_dim", "input_size", "in_channels"):
+            if (
+                name in theirs
+                and name in ours
+                and _same_size(theirs[name]) != _same_size(ours[name])
+            ):
+                raise ValueError(
+                    f"{key} holds a {model_config['name']} with {name}={theirs[name]}, this "
+                    f"config builds it with {name}={ours[name]}"
+                )
+        try:
+            self.backbone.load_state_dict(backbone_io.load_backbone_state(path))
+        except (RuntimeError, FileNotFoundError) as err:
+            raise ValueError(f"{key}: its weights do not fit this backbone: {err}") from None
+
+
+def _same_size(value):
+    """``112`` and ``[112, 112]`` alike (an input size as an int or (H, W))."""
+    return (value, value) if isinstance(value, int) else tuple(value)

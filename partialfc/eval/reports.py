@@ -97,8 +97,15 @@ def verification_report(
         scores = np.asarray(scores, dtype=np.float64)
         same = np.asarray(is_genuine, dtype=bool)
         genuine, impostor = scores[same], scores[~same]
-        if folds is not None or n_folds is not None:
-            kfold = kfold_accuracy(scores, same, n_folds=n_folds or 10, folds=folds)
+        if folds is not None:
+            kfold = kfold_accuracy(scores, same, folds=folds)
+        elif n_folds is not None and scores.size < n_folds:
+            notes.append(
+                f"{n_folds}-fold accuracy left out: it needs at least {n_folds} pairs, "
+                f"{scores.size} given"
+            )
+        elif n_folds is not None:
+            kfold = kfold_accuracy(scores, same, n_folds=n_folds)
     if summary is not None:
         roc = summary.roc(genuine)
         notes.append(

@@ -157,3 +157,18 @@ def test_bad_input_names_the_argument():
         roc_curve([0.1], [np.nan, 0.2])
     with pytest.raises(ValueError, match="genuine is empty"):
         roc_curve([], [0.2])
+
+
+def test_kfold_accuracy_needs_as_many_pairs_as_folds():
+    """A set of fewer pairs than folds reports the rest, with a note instead of a traceback."""
+    from partialfc.eval.reports import verification_report
+
+    scores = np.array([0.9, 0.8, 0.7, 0.2, 0.6, 0.1, 0.3, 0.05])
+    same = np.array([1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)
+    few = verification_report("tiny", scores=scores, is_genuine=same, n_folds=10)
+    assert few.kfold_accuracy is None
+    assert few.notes == ["10-fold accuracy left out: it needs at least 10 pairs, 8 given"]
+    assert few.auc == pytest.approx(14 / 16)  # impostors 0.6 and 0.3 above the genuine 0.2
+    four = verification_report("tiny", scores=scores, is_genuine=same, n_folds=4)
+    # contiguous folds of two pairs; the threshold chosen on the other six
+    assert len(four.kfold_accuracy.fold_accuracy) == 4 and four.notes == []

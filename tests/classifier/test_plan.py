@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from partialfc.classifier import PartialFC, RowSparseAdamW, RowSparseSGD
-from partialfc.classifier import optim as optim_module
-from partialfc.classifier import partial_fc as partial_fc_module
 from partialfc.classifier import storage as storage_module
 from partialfc.classifier.plan import RunSpec, plan_run
 from partialfc.cli import main
@@ -143,24 +141,30 @@ def test_fit_and_errors():
 
 
 # ---------------------------------------------------------------- the layer's own buffers
-@pytest.mark.parametrize("accelerator_chunk", [False, True], ids=["cpu-chunk", "device-chunk"])
+@pytest.mark.parametrize("chunk_setting", ["cpu", "device", 1000], ids=lambda c: f"chunk-{c}")
 @pytest.mark.parametrize(
     "storage, optimizer, k",
     [(torch.float32, "sgd", 1), (torch.bfloat16, "sgd", 1), (torch.bfloat16, "adamw", 2)],
 )
 def test_buffers_after_a_step_are_the_planned_ones(
-    storage, optimizer, k, accelerator_chunk, monkeypatch
+    storage, optimizer, k, chunk_setting, monkeypatch
 ):
-    """The layer's reused buffers after a real step, byte for byte; ``device-chunk`` runs the
-    accelerator's chunk (one chunk of all 3,000 / 6,000 active rows) on the CPU and plans
-    for a GPU (every chunk-sized buffer then holds all active rows)."""
+    """The layer's reused buffers after a real step, byte for byte. ``chunk-cpu``: the CPU's
+    default chunk; ``chunk-device``: the accelerator's chunk (``chunk_rows=2**20``: one chunk
+    of all 3,000 / 6,000 active rows) run on the CPU and planned for a GPU (every chunk-sized
+    buffer then holds all active rows); ``chunk-1000``: a chosen chunk, on the layer and in
+    the spec."""
     monkeypatch.setattr(storage_module, "_NOISE_POOLS", {})
-    if accelerator_chunk:
-        for module in (storage_module, partial_fc_module, optim_module):
-            monkeypatch.setattr(module, "chunk_rows", lambda device: 2**20)
+    layer_chunk = {"cpu": None, "device": 2**20}.get(chunk_setting, chunk_setting)
     classes, d, batch, rate = 30_000, 16, 32, 0.1
     pfc = PartialFC(
-        classes, d, ArcFaceMargin(), sample_rate=rate, num_subcenters=k, storage_dtype=storage
+        classes,
+        d,
+        ArcFaceMargin(),
+        sample_rate=rate,
+        num_subcenters=k,
+        storage_dtype=storage,
+        chunk_rows=layer_chunk,
     )
     opt = RowSparseAdamW(pfc) if optimizer == "adamw" else RowSparseSGD(pfc, lr=0.1)
     gen = torch.Generator().manual_seed(0)
@@ -168,11 +172,23 @@ def test_buffers_after_a_step_are_the_planned_ones(
     pfc(x, torch.randint(0, classes, (batch,), generator=gen)).backward()
     opt.step()
     dtype = str(storage).removeprefix("torch.")
-    device = "cuda" if accelerator_chunk else "cpu"
+    device = "cuda" if chunk_setting == "device" else "cpu"
+    spec_chunk = chunk_setting if isinstance(chunk_setting, int) else None
     plan = plan_run(
-        RunSpec(classes, 1, batch, d, rate, k, dtype, optimizer=optimizer, device=device)
+        RunSpec(
+            classes,
+            1,
+            batch,
+            d,
+            rate,
+            k,
+            dtype,
+            optimizer=optimizer,
+            device=device,
+            chunk_rows=spec_chunk,
+        )
     )
-    chunk = 3_000 * k if accelerator_chunk else 2048
+    chunk = {"cpu": 2048, "device": 3_000 * k}.get(chunk_setting, chunk_setting)
 
     def held(buffer):
         return buffer._storage.numel() * buffer._storage.element_size()
@@ -252,9 +268,6 @@ def test_phase_peaks_of_a_real_step(accelerator_chunk, storage, compute, optimiz
     phase of a real second step against the plan's (the draw's index vectors are random in
     size, so within 1 %). ``accelerator_chunk``: one chunk of all active rows, planned for a
     GPU (whose first-step noise-pool draw is on the host; the second step has none)."""
-    if accelerator_chunk:
-        for module in (storage_module, partial_fc_module, optim_module):
-            monkeypatch.setattr(module, "chunk_rows", lambda device: 2**20)
     monkeypatch.setattr(storage_module, "_NOISE_POOLS", {})
     classes, d, batch, rate = 30_000, 128, 64, 0.1
     gen = torch.Generator().manual_seed(0)
@@ -271,6 +284,7 @@ def test_phase_peaks_of_a_real_step(accelerator_chunk, storage, compute, optimiz
             storage_dtype=getattr(torch, storage),
             compute_dtype=compute,
             gemm_path="auto" if compute == "float32" else "emulated",
+            chunk_rows=2**20 if accelerator_chunk else None,
         )
 
     def make_optimizer(pfc):

@@ -4,6 +4,7 @@ measured CPU peaks, the Partial FC paper's model-parallel figures, and the comma
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -364,8 +365,57 @@ def test_command_table(capsys):
         (["--sample-rate", "0"], "--sample-rate must be in (0, 1], got 0.0"),
         (["--device-memory-gib", "-1"], "--device-memory-gib must be"),
         (["--compute-dtype", "float16", "--device", "cpu"], "float16 needs device cuda"),
+        (["--chunk-rows", "0"], "--chunk-rows must be a positive integer or None, got 0"),
     ],
 )
 def test_command_names_the_bad_option(capsys, extra, message):
     assert main(["plan", "--classes", "1000"] + extra) == 2
     assert message in capsys.readouterr().err
+
+
+def _chunk_scratch(chunk: int, n: int, d: int) -> int:
+    """Device bytes of 64M / 8 / bfloat16 (SGD momentum, float32 GEMMs) that follow the chunk,
+    alive in every phase of the step, worked from the layer: four float32 chunk buffers (rows
+    of the softmax, of the optimizer, their gradient, the momentum) and the radial pass
+    ``c (d + 2)``, two bfloat16 staging chunks (centers, momentum), and a stochastic-rounding
+    noise pool per distinct write size, ``max(2^20, 2^ceil(log2(rows d)))`` int32 values kept
+    twice."""
+    c = min(chunk, n)
+    pools = 0
+    for rows in {c, n % chunk if n > chunk else 0} - {0}:
+        pools += 2 * 4 * max(2**20, 2 ** math.ceil(math.log2(rows * d)))
+    return 4 * c * d * 4 + c * (d + 2) * 4 + 2 * c * d * 2 + pools
+
+
+def test_chunk_rows_trades_the_step_scratch(capsys):
+    """64M classes on 8 GPUs, bfloat16 centers and momentum: the plan at ``--chunk-rows
+    65536`` and at the default 2^20 differ in the forward phase by exactly the chunk-sized
+    scratch, recomputed here; 800,000 active rows a rank are 13 chunks of 2^16 (the last of
+    13,568 rows: a second, smaller noise pool) or one chunk."""
+    n, d = 800_000, 512
+    assert _chunk_scratch(
+        2**16, n, d
+    ) == 4 * 2**16 * 512 * 4 + 2**16 * 514 * 4 + 2 * 2**16 * 1024 + 8 * (2**25 + 2**23)
+    argv = [
+        "plan",
+        "--classes",
+        "64000000",
+        "--ranks",
+        "8",
+        "--storage-dtype",
+        "bfloat16",
+        "--json",
+    ]
+    peaks = {}
+    for chunk in (None, 2**16):
+        assert main(argv + ([] if chunk is None else ["--chunk-rows", str(chunk)])) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["active_rows"] == n and out["spec"]["chunk_rows"] == chunk
+        peaks[chunk] = out["peaks"]["device"]["forward"]
+    saved = peaks[None] - peaks[2**16]
+    assert saved == _chunk_scratch(2**20, n, d) - _chunk_scratch(2**16, n, d)
+    assert round(saved / 2**30, 2) == 12.10  # 1.53 GiB per float32 buffer of 800,000 rows
+    with pytest.raises(ValueError, match="chunk_rows must be a positive integer"):
+        plan_run(RunSpec(1000, chunk_rows=0))
+    assert plan_run(RunSpec(1000, chunk_rows=7)).spec.chunk == 7
+    assert RunSpec(1000).chunk == 2**20 and RunSpec(1000, device="cpu").chunk == 2048

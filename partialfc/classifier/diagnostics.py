@@ -23,7 +23,6 @@ from partialfc.classifier.collectives import (
     all_gather_sizes,
     all_reduce_max,
 )
-from partialfc.classifier.storage import chunk_rows
 
 
 @torch.no_grad()
@@ -45,7 +44,7 @@ def partial_fc_diagnostics(
     neg_inf = torch.tensor(-float("inf"), device=device)
     positive = torch.full((x.shape[0],), -float("inf"), device=device)
     negative = positive.clone()
-    step = chunk_rows(device)
+    step = head.chunk_rows
     for lo in range(0, record.rows.numel(), step):
         hi = lo + step
         w = F.normalize(record.read_weight(lo, hi), dim=1)

@@ -5,7 +5,7 @@ changes; every other center and its momentum / moments stay bit-identical (Parti
 arXiv 2010.05222, Eq. 4:
 "unsampled centers remain in optimizer state"). The handshake is explicit: ``forward`` records
 the active rows, ``backward`` fills the softmax coefficients, ``step()`` consumes the record,
-walking the active rows a chunk at a time (:func:`~partialfc.classifier.storage.chunk_rows`):
+walking the active rows a chunk at a time (the layer's ``chunk_rows``):
 read the rows and their state, rebuild their gradient (one GEMM,
 :meth:`ActiveRows.center_grad`, with the coupled weight decay folded in), update, write back.
 The working memory is a few chunk buffers, independent of the number of classes.
@@ -35,7 +35,7 @@ from torch import Tensor
 
 from partialfc.classifier.sampling import sampling_generator
 from partialfc.classifier.shard import ShardedCenters
-from partialfc.classifier.storage import ReusableBuffer, RowTable, chunk_rows
+from partialfc.classifier.storage import ReusableBuffer, RowTable
 
 __all__ = ["RowSparseSGD", "RowSparseAdamW", "RowSparseOptimizer"]
 
@@ -68,6 +68,7 @@ class RowSparseOptimizer(torch.optim.Optimizer):
                 self.state_dtype,
                 centers.storage_device,
                 centers.compute_device,
+                chunk_rows=partial_fc.chunk_rows,
             )
             for name in self._active_state_names()
         }
@@ -96,7 +97,7 @@ class RowSparseOptimizer(torch.optim.Optimizer):
         # never waits for the device to learn it
         gen = sampling_generator(pfc.seed + 1, self.num_steps, pfc.rank)
         group = self.param_groups[0]
-        step = chunk_rows(pfc.device)  # bounded scratch, cache-sized on CPUs
+        step = pfc.chunk_rows  # bounded scratch (the layer's setting)
         for lo in range(0, record.rows.numel(), step):
             hi = min(lo + step, record.rows.numel())
             rows = record.rows[lo:hi]

@@ -88,7 +88,7 @@ from partialfc.classifier.storage import (
     SUPPORTED_DTYPES,
     ReusableBuffer,
     RowTable,
-    chunk_rows,
+    resolve_chunk_rows,
 )
 from partialfc.losses.contract import Head, OptimizerSettings
 from partialfc.losses.gemm_precision import GemmPrecision, gemm_precision
@@ -265,9 +265,9 @@ class _ShardedMarginSoftmax(torch.autograd.Function):
     """Per-row loss ``log S_i + m_i - t_i`` of the exact softmax over all ranks' active rows.
 
     The scores are kept transposed, ``(n, B)``, in one reused buffer, so that every chunk of
-    ``plan.chunk_rows`` active rows (2048 on CPUs) is read (from the table, converted to
-    float32) into a small buffer and meets the batch in one GEMM writing a contiguous block:
-    ``z = s * (w x^T) / |w|``.
+    ``plan.chunk_rows`` active rows (the layer's ``chunk_rows``) is read (from the table,
+    converted to float32) into a small buffer and meets the batch in one GEMM writing a
+    contiguous block: ``z = s * (w x^T) / |w|``.
     Then the margin on the B target entries (the margin module itself on a ``(B, 1)`` slice: its
     non-target output is ``s * cos`` by contract), PFC* masking, all-reduced max over classes,
     ``exp`` in place, all-reduced sum. Backward rebuilds ``d loss / d cos`` in the same buffer
@@ -430,6 +430,14 @@ class PartialFC(Head):
         seed: seeds the initial centers and the sampling (with step and rank).
         init_std: standard deviation of the initial centers. Default 0.01.
         process_group: torch.distributed group (default: the world, or none).
+        chunk_rows: active rows the step walks at a time (forward, backward, the row-sparse
+            optimizers, compact-dtype conversions, diagnostics). None (default): 2048 on CPUs
+            (a chunk stays in the last-level cache), 2^20 on accelerators (one chunk holds every
+            active row of a rank up to 2^20, so a step launches the same ops at any class
+            count). The trade-off: a step launches ops per chunk, ``ceil(n / chunk_rows)``
+            chunks of ``n`` active rows, and keeps about ``5 * min(chunk_rows, n) * d * 4`` bytes
+            of float32 chunk scratch (rows, gradient, optimizer rows and state). Results do not
+            depend on it beyond float summation order.
 
     ``forward(local_embeddings (b, d), local_labels (b,)) -> loss`` (scalar, global-batch mean).
     Note: ``.to()`` does not move the table; choose ``device`` / ``storage_device`` up front.
@@ -453,6 +461,7 @@ class PartialFC(Head):
         seed: int = 0,
         init_std: float = 0.01,
         process_group=None,
+        chunk_rows: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(margin, CombinedMargin):
@@ -480,6 +489,7 @@ class PartialFC(Head):
                 f"storage_dtype must be one of {SUPPORTED_DTYPES}, got {storage_dtype}"
             )
         device = torch.device(device if device is not None else "cpu")
+        chunk_rows = resolve_chunk_rows(chunk_rows, device)
         precision = gemm_precision(compute_dtype, device, gemm_path)
         if update == "dense" and (storage_dtype != torch.float32 or storage_device is not None):
             raise ValueError('update="dense" keeps a float32 table on the compute device')
@@ -498,6 +508,7 @@ class PartialFC(Head):
         self.process_group = process_group
         self.device = device
         self.storage_device = torch.device(storage_device) if storage_device else self.device
+        self.chunk_rows = chunk_rows  # rows per chunk of every walk over the active rows
 
         self.rank, self.world_size = world_info(process_group)
         self.block = class_block(num_classes, self.rank, self.world_size)
@@ -511,7 +522,12 @@ class PartialFC(Head):
             table = self.weight.data
         else:
             self.centers = RowTable(
-                rows, embedding_dim, storage_dtype, self.storage_device, self.device
+                rows,
+                embedding_dim,
+                storage_dtype,
+                self.storage_device,
+                self.device,
+                chunk_rows=chunk_rows,
             )
             table = self.centers.data
         # fill in init chunks so that no full-size float32 copy of a compact table exists
@@ -778,7 +794,7 @@ class PartialFC(Head):
             read_rows=lambda lo, hi: record.read_weight(lo, hi, self._chunk_buffer),
             scores_buffer=self._scores_buffer,
             inv_norm_buffer=self._inv_norm_buffer,
-            chunk_rows=chunk_rows(self.device),
+            chunk_rows=self.chunk_rows,
             precision=self.precision,
             rows_representable=self.update == "sparse"
             and self.storage_dtype == self.precision.dtype,

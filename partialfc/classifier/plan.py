@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from partialfc.classifier.partial_fc import _INIT_CHUNK_CLASSES
 from partialfc.classifier.sampling import sampling_budget
 from partialfc.classifier.sharding import class_block
-from partialfc.classifier.storage import CHUNK_ROWS, DEVICE_CHUNK_ROWS
+from partialfc.classifier.storage import CHUNK_ROWS, chunk_rows
 
 __all__ = ["RunSpec", "MemoryItem", "Message", "RunPlan", "plan_run", "METHODS", "PHASES"]
 
@@ -63,6 +63,7 @@ class RunSpec:
         storage: device | host (``storage_device="cpu"`` next to a GPU).
         method: partialfc | dense | model-parallel (module docstring).
         gemm_path: native | emulated | auto (auto: native on CUDA, emulated on a CPU).
+        chunk_rows: the layer's ``chunk_rows`` (None: its default on ``device``).
     """
 
     num_classes: int
@@ -80,6 +81,7 @@ class RunSpec:
     storage: str = "device"
     method: str = "partialfc"
     gemm_path: str = "auto"
+    chunk_rows: int | None = None
 
     def error(self) -> str | None:
         """What is wrong with the spec (the argument named), or None."""
@@ -88,6 +90,11 @@ class RunSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 return f"{name} must be a positive integer, got {value!r}"
+        chunk = self.chunk_rows
+        if chunk is not None and (
+            isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
+        ):
+            return f"chunk_rows must be a positive integer or None, got {chunk!r}"
         if self.num_classes < self.ranks:
             return f"num_classes={self.num_classes} < ranks={self.ranks}: each rank needs a class"
         if not 0.0 < self.sample_rate <= 1.0:
@@ -126,6 +133,11 @@ class RunSpec:
     def staged(self) -> bool:
         """The table lives in host memory next to a GPU (only active rows cross the bus)."""
         return self.storage == "host" and self.device == "cuda"
+
+    @property
+    def chunk(self) -> int:
+        """Rows per chunk of the layer: :attr:`chunk_rows`, or the layer's default."""
+        return self.chunk_rows if self.chunk_rows is not None else chunk_rows(self.device)
 
     @property
     def path(self) -> str:
@@ -364,7 +376,7 @@ def _sparse_items(spec: RunSpec, local: int, active: int, n: int):
     state_dtype = spec.state_dtype or spec.storage_dtype
     stb = DTYPE_BYTES[state_dtype]
     cb = DTYPE_BYTES[spec.compute_dtype]
-    chunk = CHUNK_ROWS if spec.device == "cpu" else DEVICE_CHUNK_ROWS
+    chunk = spec.chunk
     c = min(chunk, n)
     store = "host" if spec.staged else "device"
     tables = (
@@ -563,7 +575,7 @@ def _dense_items(spec: RunSpec, local: int, active: int, n: int):
         MemoryItem(
             "radial pass of a gradient chunk (vecdot's product)",
             "gradients",
-            min(CHUNK_ROWS if spec.device == "cpu" else DEVICE_CHUNK_ROWS, n) * d * 4,
+            min(spec.chunk, n) * d * 4,
             "device",
             ("backward",),
         ),

@@ -70,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         help="low-precision GEMM path (auto: native on CUDA, emulated on a CPU)",
     )
     parser.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=None,
+        help="the layer's chunk_rows: active rows a step walks at a time (default: the "
+        "layer's default for --device, 2^20 on cuda, 2048 on cpu); smaller chunks launch more "
+        "ops per step and keep less scratch (about 5 x chunk x d x 4 bytes)",
+    )
+    parser.add_argument(
         "--device-memory-gib", type=float, default=80.0, help="memory of one device, GiB"
     )
     parser.add_argument(
@@ -101,6 +109,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
         storage=args.storage,
         method=args.method,
         gemm_path=args.gemm_path,
+        chunk_rows=args.chunk_rows,
     )
 
 
@@ -115,6 +124,7 @@ _OPTIONS = {
     "momentum": "--momentum",
     "compute_dtype": "--compute-dtype",
     "method": "--method",
+    "chunk_rows": "--chunk-rows",
 }
 
 
@@ -149,7 +159,7 @@ def format_plan(plan: RunPlan, device_memory_gib: float, reserve_gib: float, per
         f"storage {s.storage_dtype} on the {s.storage}, state {s.state_dtype or s.storage_dtype}, "
         f"compute {s.compute_dtype} ({s.path}), {s.optimizer}"
         + (f" momentum {s.momentum}" if s.optimizer == "sgd" else "")
-        + f", device {s.device}",
+        + f", device {s.device}, chunk_rows {s.chunk:,}",
         f"active rows per rank and step: {plan.active_rows:,}; centers + optimizer state "
         f"{_gib(plan.state_bytes())} GiB per rank",
         "",

@@ -39,6 +39,8 @@ class ShardedCenters(Protocol):
     block: ClassBlock
     seed: int
     sampling_step: int
+    #: active rows walked at a time by the layer, its optimizers and conversions
+    chunk_rows: int
 
     def consume_active_rows(self) -> Any:
         """The last forward's record of active rows (``ActiveRows``), or ``None``; cleared."""

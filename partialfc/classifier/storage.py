@@ -22,6 +22,7 @@ __all__ = [
     "ReusableBuffer",
     "stochastic_round_to_bfloat16",
     "chunk_rows",
+    "resolve_chunk_rows",
     "SUPPORTED_DTYPES",
 ]
 
@@ -35,8 +36,23 @@ DEVICE_CHUNK_ROWS = 1 << 20
 
 
 def chunk_rows(device) -> int:
-    """Rows per chunk of the layer, the optimizer and compact-dtype conversions on ``device``."""
+    """Default rows per chunk of the layer, the optimizer and compact-dtype conversions on
+    ``device``: :data:`CHUNK_ROWS` on CPUs, :data:`DEVICE_CHUNK_ROWS` on accelerators."""
     return CHUNK_ROWS if torch.device(device).type == "cpu" else DEVICE_CHUNK_ROWS
+
+
+def resolve_chunk_rows(value: int | None, device) -> int:
+    """``value`` checked (a positive int), or the default of ``device`` when it is None.
+
+    A step walks its ``n`` active rows in ``ceil(n / chunk)`` chunks: fewer, larger chunks
+    launch fewer ops; each chunk holds about ``5 * chunk * d * 4`` bytes of float32 scratch
+    (rows, gradient, optimizer rows and state, radial pass).
+    """
+    if value is None:
+        return chunk_rows(device)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"chunk_rows must be a positive int or None, got {value!r}")
+    return value
 
 
 _NOISE_POOLS: dict[tuple[str, int], Tensor] = {}
@@ -103,6 +119,8 @@ class RowTable:
         storage_device: where the table lives.
         compute_device: where :meth:`read` delivers rows.
         fill: initial values, a float tensor of the table shape (any dtype) or None for zeros.
+        chunk_rows: rows per conversion chunk (staging buffer); None: the default of
+            ``compute_device`` (:func:`chunk_rows`).
     """
 
     def __init__(
@@ -113,12 +131,14 @@ class RowTable:
         storage_device,
         compute_device,
         fill: Tensor | None = None,
+        chunk_rows: int | None = None,
     ) -> None:
         if dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"storage dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
         self.dtype = dtype
         self.storage_device = torch.device(storage_device)
         self.compute_device = torch.device(compute_device)
+        self.chunk_rows = resolve_chunk_rows(chunk_rows, self.compute_device)
         self.staged = self.storage_device != self.compute_device
         pin = self.staged and self.storage_device.type == "cpu" and torch.cuda.is_available()
         self.data = torch.empty(num_rows, dim, dtype=dtype, device=self.storage_device,
@@ -137,7 +157,7 @@ class RowTable:
     def read(self, rows: Tensor, out: ReusableBuffer | None = None) -> Tensor:
         """Float32 copy of ``data[rows]`` on the compute device, in a reused buffer.
 
-        Conversions go through a staging buffer of at most :func:`chunk_rows` rows, so a compact
+        Conversions go through a staging buffer of at most :attr:`chunk_rows` rows, so a compact
         table never needs a full-size temporary in its own dtype.
         """
         n, dim = rows.numel(), self.data.shape[1]
@@ -146,7 +166,7 @@ class RowTable:
         if not self.staged and self.dtype == torch.float32:
             torch.index_select(self.data, 0, rows_s, out=dest)
             return dest
-        step = chunk_rows(self.compute_device)
+        step = self.chunk_rows
         for i in range(0, n, step):
             part = rows_s[i : i + step]
             stage = self._staging.get(part.numel(), dim)
@@ -164,7 +184,7 @@ class RowTable:
             self.data.index_copy_(0, rows_s, values)
             return
         values = values.contiguous()
-        step = chunk_rows(self.compute_device)
+        step = self.chunk_rows
         for i in range(0, rows_s.numel(), step):
             part = values[i : i + step]
             if self.dtype == torch.bfloat16:

@@ -65,6 +65,7 @@ def _partial_fc(cfg: HeadConfig, embedding_dim: int, num_classes: int, seed: int
         storage_device=None if cfg.storage_device == "compute" else cfg.storage_device,
         seed=seed,
         process_group=pg,
+        chunk_rows=cfg.chunk_rows,
     )
 
 

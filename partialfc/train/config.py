@@ -124,6 +124,10 @@ class HeadConfig:
     # operand precision of the head's GEMMs (float32 accumulation; the softmax stays float32):
     # "float32", "bfloat16" or "float16" (GPU only); partial_fc and margin_softmax
     compute_dtype: ComputeDtype = "float32"
+    # active rows Partial FC walks at a time (null = the device's default: 2048 on CPUs, 2^20
+    # on GPUs); fewer, larger chunks launch fewer ops per step, each chunk costs about
+    # 5 * chunk_rows * embedding_dim * 4 bytes of float32 scratch
+    chunk_rows: int | None = None
     margin: MarginConfig = field(default_factory=MarginConfig)
     triplet_margin: float = 0.2  # kind=triplet: alpha in squared unit-sphere distance
     triplet_mining: TripletMining = "semihard"  # kind=triplet
@@ -507,6 +511,7 @@ _RANGES = {
     "head.num_classes": _INT_0,
     "head.sample_rate": Range(0, 1, low_open=True),
     "head.num_subcenters": _INT_1,
+    "head.chunk_rows": Range(1, integer=True, optional=True),
     "head.negative_cos_threshold": Range(-1, 1, optional=True),
     "head.margin.m1": _POSITIVE,
     "head.margin.m2_rad": Range(0, math.pi, high_open=True),
@@ -700,7 +705,14 @@ def _validate_head_kind(cfg: Config) -> None:
             f"head.compute_dtype={shown(head.compute_dtype)} needs head.kind=partial_fc or "
             f"margin_softmax, not {shown(head.kind)}"
         )
-    for key in ("sample_rate", "negative_cos_threshold", "storage_dtype", "storage_device"):
+    partial_fc_keys = (
+        "sample_rate",
+        "negative_cos_threshold",
+        "storage_dtype",
+        "storage_device",
+        "chunk_rows",
+    )
+    for key in partial_fc_keys:
         if getattr(head, key) != getattr(defaults, key):
             raise ConfigError(
                 f"head.{key}={shown(getattr(head, key))} is a Partial FC setting; "

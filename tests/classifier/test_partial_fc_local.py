@@ -162,13 +162,10 @@ def test_handshake_step_consumes_rows_once():
 
 
 @pytest.mark.parametrize("k, threshold", [(1, None), (2, None), (3, 0.2)])
-def test_chunked_layer_matches_the_dense_reference(monkeypatch, k, threshold):
-    import partialfc.classifier.storage as storage_module
-
-    monkeypatch.setattr(storage_module, "CHUNK_ROWS", 4)  # many chunks, a short last one
-    c = 13
+def test_chunked_layer_matches_the_dense_reference(k, threshold):
+    c = 13  # chunks of 4 rows: many chunks, a short last one
     pfc = PartialFC(c, D, ArcFaceMargin(0.5, 16.0), num_subcenters=k, init_std=0.3, seed=2,
-                    negative_cos_threshold=threshold)  # fmt: skip
+                    negative_cos_threshold=threshold, chunk_rows=4)  # fmt: skip
     x, y = _batch(c, b=9, seed=4)
     x = x.requires_grad_(True)
     loss = pfc(x, y)
@@ -221,11 +218,9 @@ def test_subcenters_of_a_sampled_class_are_all_active():
     assert torch.isin(y.unique(), classes[:, 0]).all()
 
 
-def test_rowsparse_sgd_at_rate_one_matches_dense_mode_with_torch_sgd(monkeypatch):
-    import partialfc.classifier.storage as storage_module
-
-    monkeypatch.setattr(storage_module, "CHUNK_ROWS", 7)  # exercise the chunked update loop
-    sparse = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3)
+def test_rowsparse_sgd_at_rate_one_matches_dense_mode_with_torch_sgd():
+    # chunks of 7 rows exercise the chunked update loop
+    sparse = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3, chunk_rows=7)
     dense = PartialFC(20, D, ArcFaceMargin(0.5, 16.0), init_std=0.3, update="dense")
     opt_s = RowSparseSGD(sparse, lr=0.2, momentum=0.9, weight_decay=5e-4, nesterov=True)
     opt_d = torch.optim.SGD(dense.parameters(), lr=0.2, momentum=0.9, weight_decay=5e-4,
@@ -334,11 +329,8 @@ def test_optimizer_state_dict_round_trip_and_lr_scheduler():
         RowSparseAdamW(PartialFC(20, D, ArcFaceMargin())).load_state_dict(state)
 
 
-def test_bfloat16_storage_tracks_float32_storage(monkeypatch):
-    import partialfc.classifier.storage as storage_module
-
-    monkeypatch.setattr(storage_module, "CHUNK_ROWS", 5)  # exercise chunked conversions
-    kw = dict(sample_rate=0.5, init_std=0.3, seed=1)
+def test_bfloat16_storage_tracks_float32_storage():
+    kw = dict(sample_rate=0.5, init_std=0.3, seed=1, chunk_rows=5)  # chunked conversions
     f32 = PartialFC(64, D, ArcFaceMargin(0.5, 16.0), **kw)
     b16 = PartialFC(64, D, ArcFaceMargin(0.5, 16.0), storage_dtype=torch.bfloat16, **kw)
     assert b16.centers.data.dtype == torch.bfloat16 and b16.centers.nbytes() == 64 * D * 2
@@ -371,3 +363,57 @@ def test_unaligned_block_is_filled_with_its_rows_of_the_global_init(monkeypatch)
     assert (pfc.block.start, pfc.block.stop) == (66_667, 133_334)  # straddles a 65536 chunk
     full = init_center_rows(200_000, 4, 1, 3, 0, 200_000)
     assert torch.equal(pfc.centers.data, full[66_667:133_334].to(torch.bfloat16))
+
+
+def _chunked_steps(chunk_rows, optimizer, k, steps=3):
+    """Loss, embedding gradient, diagnostics and centers of a few steps at ``chunk_rows``."""
+    from partialfc.classifier import RowSparseAdamW
+    from partialfc.classifier.diagnostics import partial_fc_diagnostics
+
+    c = 50
+    pfc = PartialFC(c, D, ArcFaceMargin(0.5, 16.0), sample_rate=0.6, num_subcenters=k,
+                    init_std=0.3, seed=3, chunk_rows=chunk_rows)  # fmt: skip
+    if optimizer == "adamw":
+        opt = RowSparseAdamW(pfc, lr=0.05, weight_decay=0.1)
+    else:
+        opt = RowSparseSGD(pfc, lr=0.2, momentum=0.9, weight_decay=5e-4)
+    out = []
+    for step in range(steps):
+        x, y = _batch(c, b=10, seed=step)
+        x = x.requires_grad_(True)
+        loss = pfc(x, y)
+        loss.backward()
+        diagnostics = partial_fc_diagnostics(x.detach(), y, pfc)
+        opt.step()
+        out.append((loss.detach(), x.grad, diagnostics, pfc.centers.data.clone()))
+    return pfc, opt, out
+
+
+@pytest.mark.parametrize("optimizer, k", [("sgd", 1), ("adamw", 2)])
+def test_results_do_not_depend_on_chunk_rows(optimizer, k):
+    """Chunks of 7 rows (several chunks and a short last one among the 30 / 60 active rows)
+    give the default chunk's loss, embedding gradient, centers and optimizer state bit for bit
+    after three steps (the diagnostics to float32 rounding)."""
+    small_layer, small_opt, small = _chunked_steps(7, optimizer, k)
+    default_layer, default_opt, default = _chunked_steps(None, optimizer, k)
+    assert small_layer.chunk_rows == 7 and default_layer.chunk_rows == 2048
+    assert small_layer.centers.chunk_rows == 7
+    assert all(t.chunk_rows == 7 for t in small_opt.tables.values())
+    assert small_layer.budget * k > 2 * 7  # several chunks really ran
+    for (l7, g7, d7, w7), (ld, gd, dd, wd) in zip(small, default, strict=True):
+        assert torch.equal(l7, ld)
+        assert torch.equal(g7, gd)
+        # the diagnostics' cosines come from GEMMs of chunk-shaped operands, whose kernels
+        # may sum d products in another order: equal to float32 rounding
+        assert d7 == pytest.approx(dd, rel=1e-6, abs=1e-7)
+        assert torch.equal(w7, wd)
+    for name, table in small_opt.tables.items():
+        assert torch.equal(table.data, default_opt.tables[name].data), name
+
+
+@pytest.mark.parametrize("bad", [0, -4, 2.0, True, "64"])
+def test_chunk_rows_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match=r"chunk_rows must be a positive int or None, got"):
+        PartialFC(10, D, ArcFaceMargin(), chunk_rows=bad)
+    with pytest.raises(ValueError, match=r"chunk_rows must be a positive int"):
+        RowTable(4, D, torch.float32, "cpu", "cpu", chunk_rows=bad)

@@ -4,14 +4,13 @@ measured CPU peaks, the Partial FC paper's model-parallel figures, and the comma
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from partialfc.classifier import PartialFC, RowSparseAdamW, RowSparseSGD
-from partialfc.classifier import optim as optim_module
-from partialfc.classifier import partial_fc as partial_fc_module
 from partialfc.classifier import storage as storage_module
 from partialfc.classifier.plan import RunSpec, plan_run
 from partialfc.cli import main
@@ -143,24 +142,30 @@ def test_fit_and_errors():
 
 
 # ---------------------------------------------------------------- the layer's own buffers
-@pytest.mark.parametrize("accelerator_chunk", [False, True], ids=["cpu-chunk", "device-chunk"])
+@pytest.mark.parametrize("chunk_setting", ["cpu", "device", 1000], ids=lambda c: f"chunk-{c}")
 @pytest.mark.parametrize(
     "storage, optimizer, k",
     [(torch.float32, "sgd", 1), (torch.bfloat16, "sgd", 1), (torch.bfloat16, "adamw", 2)],
 )
 def test_buffers_after_a_step_are_the_planned_ones(
-    storage, optimizer, k, accelerator_chunk, monkeypatch
+    storage, optimizer, k, chunk_setting, monkeypatch
 ):
-    """The layer's reused buffers after a real step, byte for byte; ``device-chunk`` runs the
-    accelerator's chunk (one chunk of all 3,000 / 6,000 active rows) on the CPU and plans
-    for a GPU (every chunk-sized buffer then holds all active rows)."""
+    """The layer's reused buffers after a real step, byte for byte. ``chunk-cpu``: the CPU's
+    default chunk; ``chunk-device``: the accelerator's chunk (``chunk_rows=2**20``: one chunk
+    of all 3,000 / 6,000 active rows) run on the CPU and planned for a GPU (every chunk-sized
+    buffer then holds all active rows); ``chunk-1000``: a chosen chunk, on the layer and in
+    the spec."""
     monkeypatch.setattr(storage_module, "_NOISE_POOLS", {})
-    if accelerator_chunk:
-        for module in (storage_module, partial_fc_module, optim_module):
-            monkeypatch.setattr(module, "chunk_rows", lambda device: 2**20)
+    layer_chunk = {"cpu": None, "device": 2**20}.get(chunk_setting, chunk_setting)
     classes, d, batch, rate = 30_000, 16, 32, 0.1
     pfc = PartialFC(
-        classes, d, ArcFaceMargin(), sample_rate=rate, num_subcenters=k, storage_dtype=storage
+        classes,
+        d,
+        ArcFaceMargin(),
+        sample_rate=rate,
+        num_subcenters=k,
+        storage_dtype=storage,
+        chunk_rows=layer_chunk,
     )
     opt = RowSparseAdamW(pfc) if optimizer == "adamw" else RowSparseSGD(pfc, lr=0.1)
     gen = torch.Generator().manual_seed(0)
@@ -168,11 +173,23 @@ def test_buffers_after_a_step_are_the_planned_ones(
     pfc(x, torch.randint(0, classes, (batch,), generator=gen)).backward()
     opt.step()
     dtype = str(storage).removeprefix("torch.")
-    device = "cuda" if accelerator_chunk else "cpu"
+    device = "cuda" if chunk_setting == "device" else "cpu"
+    spec_chunk = chunk_setting if isinstance(chunk_setting, int) else None
     plan = plan_run(
-        RunSpec(classes, 1, batch, d, rate, k, dtype, optimizer=optimizer, device=device)
+        RunSpec(
+            classes,
+            1,
+            batch,
+            d,
+            rate,
+            k,
+            dtype,
+            optimizer=optimizer,
+            device=device,
+            chunk_rows=spec_chunk,
+        )
     )
-    chunk = 3_000 * k if accelerator_chunk else 2048
+    chunk = {"cpu": 2048, "device": 3_000 * k}.get(chunk_setting, chunk_setting)
 
     def held(buffer):
         return buffer._storage.numel() * buffer._storage.element_size()
@@ -252,9 +269,6 @@ def test_phase_peaks_of_a_real_step(accelerator_chunk, storage, compute, optimiz
     phase of a real second step against the plan's (the draw's index vectors are random in
     size, so within 1 %). ``accelerator_chunk``: one chunk of all active rows, planned for a
     GPU (whose first-step noise-pool draw is on the host; the second step has none)."""
-    if accelerator_chunk:
-        for module in (storage_module, partial_fc_module, optim_module):
-            monkeypatch.setattr(module, "chunk_rows", lambda device: 2**20)
     monkeypatch.setattr(storage_module, "_NOISE_POOLS", {})
     classes, d, batch, rate = 30_000, 128, 64, 0.1
     gen = torch.Generator().manual_seed(0)
@@ -271,6 +285,7 @@ def test_phase_peaks_of_a_real_step(accelerator_chunk, storage, compute, optimiz
             storage_dtype=getattr(torch, storage),
             compute_dtype=compute,
             gemm_path="auto" if compute == "float32" else "emulated",
+            chunk_rows=2**20 if accelerator_chunk else None,
         )
 
     def make_optimizer(pfc):
@@ -350,8 +365,57 @@ def test_command_table(capsys):
         (["--sample-rate", "0"], "--sample-rate must be in (0, 1], got 0.0"),
         (["--device-memory-gib", "-1"], "--device-memory-gib must be"),
         (["--compute-dtype", "float16", "--device", "cpu"], "float16 needs device cuda"),
+        (["--chunk-rows", "0"], "--chunk-rows must be a positive integer or None, got 0"),
     ],
 )
 def test_command_names_the_bad_option(capsys, extra, message):
     assert main(["plan", "--classes", "1000"] + extra) == 2
     assert message in capsys.readouterr().err
+
+
+def _chunk_scratch(chunk: int, n: int, d: int) -> int:
+    """Device bytes of 64M / 8 / bfloat16 (SGD momentum, float32 GEMMs) that follow the chunk,
+    alive in every phase of the step, worked from the layer: four float32 chunk buffers (rows
+    of the softmax, of the optimizer, their gradient, the momentum) and the radial pass
+    ``c (d + 2)``, two bfloat16 staging chunks (centers, momentum), and a stochastic-rounding
+    noise pool per distinct write size, ``max(2^20, 2^ceil(log2(rows d)))`` int32 values kept
+    twice."""
+    c = min(chunk, n)
+    pools = 0
+    for rows in {c, n % chunk if n > chunk else 0} - {0}:
+        pools += 2 * 4 * max(2**20, 2 ** math.ceil(math.log2(rows * d)))
+    return 4 * c * d * 4 + c * (d + 2) * 4 + 2 * c * d * 2 + pools
+
+
+def test_chunk_rows_trades_the_step_scratch(capsys):
+    """64M classes on 8 GPUs, bfloat16 centers and momentum: the plan at ``--chunk-rows
+    65536`` and at the default 2^20 differ in the forward phase by exactly the chunk-sized
+    scratch, recomputed here; 800,000 active rows a rank are 13 chunks of 2^16 (the last of
+    13,568 rows: a second, smaller noise pool) or one chunk."""
+    n, d = 800_000, 512
+    assert _chunk_scratch(
+        2**16, n, d
+    ) == 4 * 2**16 * 512 * 4 + 2**16 * 514 * 4 + 2 * 2**16 * 1024 + 8 * (2**25 + 2**23)
+    argv = [
+        "plan",
+        "--classes",
+        "64000000",
+        "--ranks",
+        "8",
+        "--storage-dtype",
+        "bfloat16",
+        "--json",
+    ]
+    peaks = {}
+    for chunk in (None, 2**16):
+        assert main(argv + ([] if chunk is None else ["--chunk-rows", str(chunk)])) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["active_rows"] == n and out["spec"]["chunk_rows"] == chunk
+        peaks[chunk] = out["peaks"]["device"]["forward"]
+    saved = peaks[None] - peaks[2**16]
+    assert saved == _chunk_scratch(2**20, n, d) - _chunk_scratch(2**16, n, d)
+    assert round(saved / 2**30, 2) == 12.10  # 1.53 GiB per float32 buffer of 800,000 rows
+    with pytest.raises(ValueError, match="chunk_rows must be a positive integer"):
+        plan_run(RunSpec(1000, chunk_rows=0))
+    assert plan_run(RunSpec(1000, chunk_rows=7)).spec.chunk == 7
+    assert RunSpec(1000).chunk == 2**20 and RunSpec(1000, device="cpu").chunk == 2048

@@ -94,3 +94,24 @@ def test_targets_against_v2(budget):
     assert [r["met"] for r in out["rows"]] == [True, False]  # 150 = 1.5 x 100; 5 syncs > 4
     assert out["rows"][0]["ops_over_v2"] == 1.5 and out["rows"][0]["kernels_over_v2"] == 1.556
     assert out["ops_independent_of_C"] is False
+
+
+def test_ops_grow_with_the_number_of_chunks(budget):
+    """``chunk_rows`` trades ops for memory: at SMALL's 2,000 active rows, chunks of 2^20
+    (the default), 1000, 500 and 250 rows run 1, 2, 4 and 8 chunks; in each phase (forward,
+    backward, optimizer) every chunk past the first adds the same ops (its GEMMs, reads,
+    updates and writes), and no host sync."""
+    phases = ("forward", "backward", "optimizer")
+    ops = {}
+    for chunk_rows, chunks in ((None, 1), (1000, 2), (500, 4), (250, 8)):
+        setup = budget.StepSetup(SMALL, batch=BATCH, dim=DIM, rate=RATE, chunk_rows=chunk_rows)
+        layer, opt = budget.build_partialfc(setup)
+        assert layer.budget == 2000
+        (record,) = budget.count_steps(layer, opt, setup, steps=1)
+        assert dict(record["step"].sync_ops) == PINNED_SYNCS
+        ops[chunks] = {phase: record[phase].ops for phase in phases}
+    for phase in phases:
+        per_chunk = ops[2][phase] - ops[1][phase]
+        assert per_chunk > 0, phase
+        for chunks in (4, 8):
+            assert ops[chunks][phase] == ops[1][phase] + (chunks - 1) * per_chunk, (phase, chunks)

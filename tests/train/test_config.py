@@ -258,3 +258,23 @@ def test_values_in_config_errors_are_cut_short(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(overrides=[f"train.epochs=[{','.join(['[1,2,3]'] * 10000)}]"])
     assert len(str(err.value)) < 300 and "..." in str(err.value)
+
+
+def test_head_chunk_rows_is_checked_and_reaches_the_layer():
+    import torch
+
+    from partialfc.train.builders import build_head
+
+    cfg = load_config(CONFIGS[0], ["head.chunk_rows=7"])
+    head, _ = build_head(cfg.head, 16, 20, seed=0, device=torch.device("cpu"))
+    assert head.chunk_rows == 7 and head.centers.chunk_rows == 7
+    default = load_config(CONFIGS[0])
+    assert default.head.chunk_rows is None
+    head, _ = build_head(default.head, 16, 20, seed=0, device=torch.device("cpu"))
+    assert head.chunk_rows == 2048  # the CPU's default
+    with pytest.raises(ConfigError, match=r"head\.chunk_rows must be null or an integer >= 1"):
+        load_config(CONFIGS[0], ["head.chunk_rows=0"])
+    with pytest.raises(ConfigError, match=r"head\.chunk_rows: expected int \| None, got 1\.5"):
+        load_config(CONFIGS[0], ["head.chunk_rows=1.5"])
+    with pytest.raises(ConfigError, match=r"head\.chunk_rows=8 is a Partial FC setting"):
+        load_config(CONFIGS[0], ["head.chunk_rows=8", "head.kind=softmax"])

@@ -63,3 +63,14 @@ def read_onnx_layout(path: str | os.PathLike, first_nodes: int = 8) -> OnnxLayou
         outputs=[(v.name, _shape(v)) for v in graph.output],
         first_node_names=tuple(node.name for node in graph.node[:first_nodes]),
     )
+
+
+def colour_image_input_problem(layout: OnnxLayout, form: str) -> str | None:
+    """Why ``layout`` does not take one 4-D, 3-channel image input (``form`` names the shape
+    expected, e.g. ``"(N, 3, S, S)"``), or None when it does."""
+    if len(layout.inputs) != 1:
+        return f"{len(layout.inputs)} inputs, not one"
+    shape = layout.inputs[0][1]
+    if len(shape) != 4 or shape[1] != 3:
+        return f"input {shape} is not {form}"
+    return None

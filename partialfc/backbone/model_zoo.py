@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from partialfc.backbone.spec import PreprocessingSpec
-from partialfc.onnx_layout import OnnxLayout, read_onnx_layout
+from partialfc.onnx_layout import OnnxLayout, colour_image_input_problem, read_onnx_layout
 
 # (mean, std) in 0-255 pixel units, as InsightFace's ArcFaceONNX states them
 INSIGHTFACE_NORMALISATION = (127.5, 127.5)
@@ -35,11 +35,10 @@ _MUL_PREFIXES = ("Mul", "_mul")
 
 def recognition_problem(layout: OnnxLayout) -> str | None:
     """Why ``layout`` is not an InsightFace recognition graph, or None when it is one."""
-    if len(layout.inputs) != 1:
-        return f"{len(layout.inputs)} inputs, not one"
+    problem = colour_image_input_problem(layout, "(N, 3, S, S)")
+    if problem:
+        return problem
     shape = layout.inputs[0][1]
-    if len(shape) != 4 or shape[1] != 3:
-        return f"input {shape} is not (N, 3, S, S)"
     side_h, side_w = shape[2:]
     if not (isinstance(side_h, int) and side_h == side_w and side_h >= 112 and side_h % 16 == 0):
         return f"input sides {side_h}x{side_w} are not one fixed S >= 112 divisible by 16"

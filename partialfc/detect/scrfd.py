@@ -31,7 +31,7 @@ import torch
 
 from partialfc.detect.base import Face, as_rgb
 from partialfc.detect.nms import nms
-from partialfc.onnx_layout import OnnxLayout, read_onnx_layout
+from partialfc.onnx_layout import OnnxLayout, colour_image_input_problem, read_onnx_layout
 
 INPUT_MEAN = 127.5
 INPUT_STD = 128.0
@@ -47,11 +47,9 @@ GROUP_WIDTHS = (1, 4, 10)  # scores, box distances, keypoint offsets
 
 def layout_problem(layout: OnnxLayout) -> str | None:
     """Why ``layout`` is not an SCRFD graph, or None when it is one."""
-    if len(layout.inputs) != 1:
-        return f"{len(layout.inputs)} inputs, not one"
-    shape = layout.inputs[0][1]
-    if len(shape) != 4 or shape[1] != 3:
-        return f"input {shape} is not (1, 3, H, W)"
+    problem = colour_image_input_problem(layout, "(1, 3, H, W)")
+    if problem:
+        return problem
     count = len(layout.outputs)
     if count not in LAYOUTS:
         return f"{count} outputs, not 6, 9, 10 or 15"

@@ -755,20 +755,34 @@ def build_trainer(
     cfg.head.margin.ramp_steps = round(recipe.margin_ramp_epochs * steps)
     extra_losses = []
     if distillation is not None:
-        extra_losses.append(distillation.term(images, split.num_classes))
+        extra_losses.append(distillation.term(images, split.num_classes, split.train_images))
     return Trainer(cfg, train_set=train_set, run_dir=run_dir, extra_losses=extra_losses)
 
 
 @dataclass
 class Distillation:
     """Teachers (run folders or checkpoints trained on the same split and classes) and the
-    weights of :class:`partialfc.tools.distillation.EnsembleDistillationTerm`."""
+    weights of :class:`partialfc.tools.distillation.EnsembleDistillationTerm`.
+
+    With ``descriptor`` (an ``lbp_wccn.npz`` fitted on the same training images, e.g. the one
+    a fused run writes into its folder), the relation targets are those of the fused teacher:
+    each network teacher's unit embedding joined with the descriptor's as
+    :func:`partialfc.models.lbp.fuse_embeddings` joins them (weight ``descriptor_weight``), so
+    the student learns the pairwise cosines ``(cos_net + w·cos_lbp) / (1 + w)`` that the fused
+    model scores with. The class probabilities (KL term) stay the networks'."""
 
     teachers: list[str]
     relation_weight: float = 100.0
     kl_weight: float = 1.0
+    descriptor: str | None = None
+    descriptor_weight: float = 3.0
 
-    def term(self, images: np.ndarray, num_classes: int):
+    def term(self, images: np.ndarray, num_classes: int, crops: np.ndarray | None = None):
+        """The loss term for the training ``images`` (at the student's input size, dataset
+        order); ``crops``: the same images as the recipe's 96×96 grey crops (the descriptor's
+        input), needed with ``descriptor``."""
+        import torch
+
         from partialfc.tools.distillation import EnsembleDistillationTerm, ensemble_targets
 
         units, cosines, _ = ensemble_targets(self.teachers, images)
@@ -777,6 +791,16 @@ class Distillation:
                 f"teachers {self.teachers} have {cosines[0].shape[1]} classes, the student's "
                 f"split {num_classes}: train them on the same recipe folds"
             )
+        if self.descriptor is not None:
+            from partialfc.models.lbp import LbpWccnEmbedder, fuse_embeddings
+
+            if crops is None or len(crops) != len(images):
+                raise ValueError("a descriptor teacher needs the training crops, one per image")
+            lbp = LbpWccnEmbedder.load(self.descriptor)(crops)
+            units = [
+                torch.from_numpy(fuse_embeddings(u.numpy(), lbp, self.descriptor_weight))
+                for u in units
+            ]
         return EnsembleDistillationTerm(units, cosines, self.relation_weight, self.kl_weight)
 
 
@@ -980,6 +1004,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--kl-weight", type=float, default=1.0, help="with --teachers; default 1")
     parser.add_argument(
+        "--teacher-descriptor",
+        metavar="LBP_WCCN_NPZ",
+        help="with --teachers: fuse this descriptor (a fused run's lbp_wccn.npz, fitted on the "
+        "same training folds) into the teachers' embeddings for the relation targets",
+    )
+    parser.add_argument(
+        "--teacher-descriptor-weight",
+        type=float,
+        default=3.0,
+        help="with --teacher-descriptor: its weight w in (cos_net + w cos_lbp) / (1 + w); "
+        "default 3 (the fused presets')",
+    )
+    parser.add_argument(
         "--shift-average",
         type=int,
         default=0,
@@ -994,7 +1031,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--shift-average applies to --evaluate only")
     if args.teachers and args.evaluate:
         parser.error("--teachers trains a student; it does not combine with --evaluate")
-    for name in ("relation_weight", "kl_weight"):
+    if args.teacher_descriptor and not args.teachers:
+        parser.error("--teacher-descriptor needs --teachers (the networks it is fused with)")
+    for name in ("relation_weight", "kl_weight", "teacher_descriptor_weight"):
         value = getattr(args, name)
         if not np.isfinite(value) or value < 0:
             parser.error(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
@@ -1011,7 +1050,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     distillation = None
     if args.teachers:
-        distillation = Distillation(args.teachers, args.relation_weight, args.kl_weight)
+        distillation = Distillation(
+            args.teachers,
+            args.relation_weight,
+            args.kl_weight,
+            args.teacher_descriptor,
+            args.teacher_descriptor_weight,
+        )
     run(recipe, cfg, distillation)
     return 0
 

@@ -503,6 +503,11 @@ def test_shift_averaging_is_the_mean_of_five_moved_copies(tmp_path):
         (["--evaluate", "m", "--teachers", "t"], "does not combine with --evaluate"),
         (["--teachers", "t", "--relation-weight", "-1"], "--relation-weight must be a finite"),
         (["--teachers", "t", "--kl-weight", "nan"], "--kl-weight must be a finite number >= 0"),
+        (["--teacher-descriptor", "d.npz"], "--teacher-descriptor needs --teachers"),
+        (
+            ["--teachers", "t", "--teacher-descriptor-weight", "-1"],
+            "--teacher-descriptor-weight must be a finite number >= 0",
+        ),
     ],
 )
 def test_flags_refuse_bad_use(argv, message, capsys, monkeypatch):
@@ -554,3 +559,22 @@ def test_student_of_trained_runs_logs_the_ensemble_terms(shared_data, tmp_path):
         mismatched.term(recipe_mod.resize_to(split.train_images, 40), split.num_classes)
     with pytest.raises(ValueError, match="classes, the student's split 3"):
         mismatched.term(recipe_mod.resize_to(split.train_images, 32), 3)
+    # a fused teacher: the relation targets are the cosines (cos_net + w cos_lbp) / (1 + w)
+    from partialfc.models.lbp import LbpGrid, LbpWccnEmbedder
+    from partialfc.tools.distillation import ensemble_targets
+
+    grid = LbpGrid((24,), (1,), 8, 8, ternary_threshold=4.0)
+    lbp = LbpWccnEmbedder(grid, num_components=8).fit(split.train_images, split.train_labels)
+    npz = lbp.save(tmp_path / "lbp_wccn.npz")
+    images = recipe_mod.resize_to(split.train_images, 32)
+    fused = recipe_mod.Distillation(teachers[:1], descriptor=str(npz), descriptor_weight=3.0)
+    term = fused.term(images, split.num_classes, split.train_images)
+    net_units = ensemble_targets(teachers[:1], images)[0][0].double()
+    lbp_raw = torch.from_numpy(lbp(split.train_images)).double()
+    lbp_units = lbp_raw / lbp_raw.norm(dim=1, keepdim=True)
+    expected = (net_units @ net_units.T + 3.0 * lbp_units @ lbp_units.T) / 4.0
+    got = term.teacher_units[0].double() @ term.teacher_units[0].double().T
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert not torch.allclose(got, net_units @ net_units.T, atol=1e-2)  # the descriptor counts
+    with pytest.raises(ValueError, match="needs the training crops"):
+        fused.term(images, split.num_classes)

@@ -42,12 +42,14 @@ def test_the_integer_form_holds_out_the_same_alphabets():
 
 
 def test_default_trains_on_all_964_classes():
-    cfg = load_config("configs/omniglot_cpu.yaml")
+    cfg = load_config("configs/omniglot_cpu.yaml", ["data.rotation_classes=1"])
     assert cfg.data.holdout_background_alphabets == 0 and holdout_alphabets(cfg.data) == []
     full = load_omniglot("background")
     train = build_train_set(cfg.data)
     assert train.num_classes == 964
     np.testing.assert_array_equal(train.images, full.images)
+    rotated = build_train_set(load_config("configs/omniglot_cpu.yaml").data)  # the main job
+    assert rotated.num_classes == 4 * 964 and len(rotated) == 4 * len(full.images)
 
 
 @pytest.mark.parametrize(

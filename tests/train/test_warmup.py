@@ -18,19 +18,22 @@ OMNIGLOT_BACKGROUND_IMAGES = 19_280
 
 def _preset_warmup(*overrides: str) -> tuple[int, int]:
     cfg = load_config(PRESET, list(overrides))
-    per_epoch = steps_per_epoch(OMNIGLOT_BACKGROUND_IMAGES, cfg.data.batch_size)
+    images = OMNIGLOT_BACKGROUND_IMAGES * cfg.data.rotation_classes
+    per_epoch = steps_per_epoch(images, cfg.data.batch_size)
     total = max(1, round(cfg.train.epochs * per_epoch))
     sch = cfg.schedule
     return warmup_steps(sch.warmup_epochs, sch.warmup_fraction, per_epoch, total), total
 
 
-def test_preset_keeps_its_half_epoch_warmup():
+def test_preset_warms_up_over_a_twentieth_of_its_steps():
+    # 4 x 19,280 images, 602 full batches of 128 an epoch, 7.7 epochs: 4,635 steps
+    assert _preset_warmup() == (round(0.05 * 4635), 4635) == (232, 4635)
     # the rule before warm-up fractions: round(0.5 epochs * 150 steps per epoch) = 75 of 1,500
-    assert _preset_warmup() == (round(0.5 * 150), 1500) == (75, 1500)
+    assert _preset_warmup("data.rotation_classes=1", "train.epochs=10") == (75, 1500)
 
 
 def test_short_trial_of_the_preset_scales_the_warmup(capsys):
-    assert _preset_warmup("train.epochs=0.2") == (2, 30)  # round(0.05 * 30)
+    assert _preset_warmup("train.epochs=0.05") == (2, 30)  # round(0.05 * 30)
     args = ["train", "--config", str(PRESET), "--set", "train.epochs=0.2", "--print-config"]
     assert main(args) == 0
     assert "warmup_fraction: 0.05" in capsys.readouterr().out

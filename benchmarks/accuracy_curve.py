@@ -10,7 +10,9 @@ Reads ``benchmarks/results/accuracy_runs.json`` (a list of runs, one object each
 * y: one-shot accuracy on Lake's 20 runs with its Wilson 95 % interval (Wilson, JASA 1927),
   one marker per run; runs with the same ``label`` and ``steps`` but different seeds get one
   more marker at their mean with a ±1 sample standard deviation bar;
-* each marker is annotated with the measured wall clock and the load it ran under.
+* each marker is annotated with the measured wall clock and the load it ran under;
+* a second panel puts the same runs against that measured wall clock (log scale), with the
+  main job's 10-minute budget marked.
 
     python benchmarks/accuracy_curve.py [--runs FILE] [--out PNG] [--step-seconds S]
 """
@@ -128,8 +130,9 @@ def run_marker(ax, x, value, low, high, color, hollow: bool, label=None) -> None
     )
 
 
-def seed_mean_marker(ax, x, group: SeedGroup, color) -> None:
-    """A seed group's mean (a fraction, drawn in %) as a diamond with a ±1 sd bar."""
+def seed_mean_marker(ax, x, group: SeedGroup, color, labelled: bool = True) -> None:
+    """A seed group's mean (a fraction, drawn in %) as a diamond with a ±1 sd bar; with
+    ``labelled`` (default) it gets a legend entry."""
     ax.errorbar(
         x,
         100 * group.mean,
@@ -138,7 +141,7 @@ def seed_mean_marker(ax, x, group: SeedGroup, color) -> None:
         color=color,
         capsize=5,
         elinewidth=2.5,
-        label=f"{group.label}: mean ± sd of {len(group.seeds)} seeds",
+        label=f"{group.label}: mean ± sd of {len(group.seeds)} seeds" if labelled else None,
     )
 
 
@@ -225,13 +228,16 @@ def seed_groups(runs: list[Run]) -> list[SeedGroup]:
 
 
 def plot(runs: list[Run], out: str | Path = OUT, step_seconds: float = QUIET_STEP_SECONDS):
+    """Two panels: one-shot accuracy against training steps (top axis: minutes at
+    ``step_seconds``), and against the wall clock each run measured (training + evaluation,
+    log scale; runs under load sit to the right of what a quiet machine gives)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8.5, 8.2), dpi=120)
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.38)  # the legend goes below
+    fig, (ax, ax_time) = plt.subplots(2, 1, figsize=(8.5, 12.5), dpi=120)
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.27, hspace=0.3)
     labels = list(dict.fromkeys(r.label for r in runs))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     for i, label in enumerate(labels):
@@ -240,8 +246,10 @@ def plot(runs: list[Run], out: str | Path = OUT, step_seconds: float = QUIET_STE
         for j, r in enumerate(members):
             low, high = r.interval
             shift = (j - (len(members) - 1) / 2) * 12  # seeds side by side, not on top
-            run_marker(ax, r.steps + shift, r.accuracy, low, high, colors[label],
-                       len(members) > 1, label if j == 0 else None)  # fmt: skip
+            hollow = len(members) > 1
+            run_marker(ax, r.steps + shift, r.accuracy, low, high, colors[label], hollow)
+            run_marker(ax_time, r.wall_clock_min, r.accuracy, low, high, colors[label],
+                       hollow, label if j == 0 else None)  # fmt: skip
             ax.annotate(
                 f"{r.wall_clock_min:g} min, load {r.load}",
                 (r.steps + shift, 100 * r.accuracy),
@@ -252,26 +260,38 @@ def plot(runs: list[Run], out: str | Path = OUT, step_seconds: float = QUIET_STE
                 color=colors[label],
             )
     for g in seed_groups(runs):
-        seed_mean_marker(ax, g.steps, g, colors[g.label])
+        seed_mean_marker(ax, g.steps, g, colors[g.label], labelled=False)
+        minutes = [r.wall_clock_min for r in runs if r.label == g.label and r.steps == g.steps]
+        seed_mean_marker(ax_time, sum(minutes) / len(minutes), g, colors[g.label])
     ax.set_xlim(0, 1.1 * max(r.steps for r in runs))
-    for i, (name, value) in enumerate(PUBLISHED.items()):
-        ax.axhline(100 * value, color="grey", linestyle=(0, (4, 2 + 2 * i)), linewidth=0.8)
-        ax.text(0, 100 * value + 0.1, f" {name} {100 * value:.1f} %", fontsize=7)
+    ax_time.set_xscale("log")
+    ax_time.set_xticks([5, 10, 20, 40, 80], ["5", "10", "20", "40", "80"])
+    ax_time.minorticks_off()
+    for axis in (ax, ax_time):
+        for i, (name, value) in enumerate(PUBLISHED.items()):
+            axis.axhline(100 * value, color="grey", linestyle=(0, (4, 2 + 2 * i)), linewidth=0.8)
+            axis.text(axis.get_xlim()[0], 100 * value + 0.1, f" {name} {100 * value:.1f} %",
+                      fontsize=7)  # fmt: skip
+        axis.set_ylabel("20-way one-shot accuracy, Lake's 20 runs (%)")
+        axis.grid(alpha=0.3)
     ax.set_xlabel("training steps (batch 128)")
-    ax.set_ylabel("20-way one-shot accuracy, Lake's 20 runs (%)")
+    ax_time.axvline(10, color="black", linewidth=0.8)
+    ax_time.text(10, ax_time.get_ylim()[0], " main job's budget: 10 min", fontsize=7)
+    ax_time.set_xlabel("wall clock, training + evaluation, as measured (min, log scale)")
     fig.suptitle(
-        "Omniglot main job: one-shot accuracy vs training; bars: Wilson 95 % (one seed), "
-        "± sd (mean of seeds)",
+        "Omniglot: one-shot accuracy vs training steps (top) and vs measured time (bottom)\n"
+        "bars: Wilson 95 % (one seed), ± sd (mean of seeds)",
         fontsize=9,
     )
     top = ax.secondary_xaxis(
         "top", functions=(lambda s: s * step_seconds / 60, lambda m: m * 60 / step_seconds)
     )
     top.set_xlabel(
-        f"minutes at {step_seconds:.3g} s/step (28x28, quiet machine, incl. evaluation)",
+        f"minutes at {step_seconds:.3g} s/step (iresnet_small, 28x28, quiet machine, "
+        "incl. evaluation)",
         fontsize=8,
     )
-    return finish_figure(fig, ax, out, legend_below=True)
+    return finish_figure(fig, ax_time, out, legend_below=True)
 
 
 def main(argv=None) -> int:

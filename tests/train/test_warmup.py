@@ -34,7 +34,7 @@ def test_preset_warms_up_over_a_twentieth_of_its_steps():
 
 def test_short_trial_of_the_preset_scales_the_warmup(capsys):
     assert _preset_warmup("train.epochs=0.05") == (2, 30)  # round(0.05 * 30)
-    args = ["train", "--config", str(PRESET), "--set", "train.epochs=0.2", "--print-config"]
+    args = ["train", "--config", str(PRESET), "--set", "train.epochs=0.05", "--print-config"]
     assert main(args) == 0
     assert "warmup_fraction: 0.05" in capsys.readouterr().out
 

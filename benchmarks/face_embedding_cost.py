@@ -132,12 +132,19 @@ def main(argv=None) -> int:
     if lbp is not None and not lbp.is_file():
         parser.error(f"--lbp {lbp}: no such file")
     _limit_threads(args.threads)
+    try:
+        measured = measure(
+            Path(args.export), lbp, args.faces, args.batch, args.repeat, args.threads
+        )
+    except (ValueError, FileNotFoundError) as err:
+        print(f"face_embedding_cost: {err}", file=sys.stderr)
+        return 2
     result = {
         "how": f"{args.faces} seeded random {CROP_SIZE}x{CROP_SIZE} uint8 faces, batches of "
         f"{args.batch}, best of {args.repeat} passes after a warm-up, {args.threads} thread(s)",
         "cpu": _cpu(),
         "threads": args.threads,
-        **measure(Path(args.export), lbp, args.faces, args.batch, args.repeat, args.threads),
+        **measured,
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -1,0 +1,188 @@
+"""Multi-scale local-ternary-pattern histograms as a fixed network layer (exportable to ONNX).
+
+The texture descriptor of :mod:`partialfc.models.lbp`, computed inside a network's graph from
+the network's own normalised input, so that a model and its hand-crafted descriptor ship as one
+ONNX file:
+
+* every face is resampled to each side of ``scales_px`` by a fixed area-averaging matrix (the
+  box filter of ``cv2.INTER_AREA`` when shrinking);
+* at each radius ``r`` of ``radii_px``, the 8 neighbours of the square of half-side ``r`` are
+  compared with the centre (local ternary patterns, Tan & Triggs, IEEE TIP 2010, Sec. III-A):
+  the upper code has bit ``p`` where ``g_p − g_c ≥ t``, the lower where ``g_p − g_c ≤ −t``
+  (``t`` = ``threshold_grey``, grey levels 0–255; the comparison is made against ``t − 7/16``,
+  which is the same on integer grey levels and, as no difference of resampled grey levels at
+  the supported ratios lies within ``1/200`` of it, keeps float rounding from flipping bits);
+* each code is binned as a uniform pattern (58 uniform codes + one bin for the rest, Ojala et
+  al., TPAMI 2002) and histogrammed over non-overlapping ``cell_px`` cells centred on the
+  interior (Ahonen et al., TPAMI 2006), each histogram normalised by the cell's pixel count and
+  square-rooted (Hellinger map).
+
+Output ``(N, D)``, ordered scale, radius, code (upper, lower), cell (row-major), bin.
+Because the cells are centred and the neighbour ring is symmetric, the histograms of a mirrored
+face are a permutation of the face's (:meth:`LtpHistograms.mirror_permutation`), so a linear
+projection of the flip-averaged histograms costs no second pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialfc.models.lbp import _NEIGHBOURS, NUM_LBP_BINS, UNIFORM_BIN
+
+
+def area_resize_matrix(source_px: int, target_px: int) -> np.ndarray:
+    """``(target, source)`` float64 rows of box-filter weights: output pixel ``i`` averages the
+    source interval ``[i·s/t, (i+1)·s/t)`` weighted by overlap (``cv2.INTER_AREA`` when
+    shrinking); the identity when the sides are equal."""
+    if target_px < 1 or target_px > source_px:
+        raise ValueError(f"area resizing needs 1 <= target <= source, got {target_px}, {source_px}")
+    ratio = source_px / target_px
+    matrix = np.zeros((target_px, source_px))
+    for i in range(target_px):
+        lo, hi = i * ratio, (i + 1) * ratio
+        for j in range(int(np.floor(lo)), int(np.ceil(hi))):
+            matrix[i, j] = min(hi, j + 1) - max(lo, j)
+    return matrix / ratio
+
+
+def _mirror_bin_table() -> np.ndarray:
+    """``(59,)``: the uniform bin of a code's mirror image (neighbour ``(dy, dx)`` becomes
+    ``(dy, −dx)``)."""
+    mirror_bit = [_NEIGHBOURS.index((dy, -dx)) for dy, dx in _NEIGHBOURS]
+    table = np.full(NUM_LBP_BINS, -1, dtype=np.int64)
+    for code in range(256):
+        mirrored = sum(((code >> p) & 1) << mirror_bit[p] for p in range(8))
+        source, target = UNIFORM_BIN[code], UNIFORM_BIN[mirrored]
+        if table[source] not in (-1, target):  # pragma: no cover - a property of the ring
+            raise AssertionError("uniform bins are not closed under mirroring")
+        table[source] = target
+    return table
+
+
+class LtpHistograms(nn.Module):
+    """``(N, 1, H, H)`` normalised grey images → ``(N, D)`` square-rooted LTP cell histograms.
+
+    ``input_size``: side of the input; ``scales_px``: sides the face is resampled to (each
+    ≤ ``input_size``); ``radii_px``: neighbour radii; ``cell_px``: side of the cells (even, so
+    that the centred grid is mirror-symmetric); ``threshold_grey``: the ternary band ``t`` > 0;
+    ``mean``/``std``: the input normalisation ``x = (g / 255 − mean) / std``.
+
+    Defaults: 96-px input, sides 96 and 48, radii 1 and 2, 12-px cells, ``t`` = 8, mean = std =
+    0.5 (13,688 dimensions). No parameters; every constant is a buffer.
+    """
+
+    def __init__(
+        self,
+        input_size: int = 96,
+        scales_px: tuple[int, ...] = (96, 48),
+        radii_px: tuple[int, ...] = (1, 2),
+        cell_px: int = 12,
+        threshold_grey: float = 8.0,
+        mean: float = 0.5,
+        std: float = 0.5,
+    ):
+        super().__init__()
+        if not np.isfinite(threshold_grey) or threshold_grey <= 0:
+            raise ValueError(f"threshold_grey must be finite and > 0, got {threshold_grey}")
+        if cell_px < 2 or cell_px % 2:
+            raise ValueError(f"cell_px must be even and >= 2 (a symmetric grid), got {cell_px}")
+        if not scales_px or not radii_px or min(radii_px) < 1:
+            raise ValueError(f"need sides and radii >= 1, got {scales_px}, {radii_px}")
+        self.input_size, self.cell_px = int(input_size), int(cell_px)
+        self.scales_px, self.radii_px = tuple(map(int, scales_px)), tuple(map(int, radii_px))
+        self.threshold_grey, self.mean, self.std = float(threshold_grey), float(mean), float(std)
+        self.register_buffer("uniform_bin", torch.from_numpy(UNIFORM_BIN.copy()), persistent=False)
+        self.register_buffer(
+            "powers",
+            torch.tensor([float(1 << p) for p in range(8)]).view(1, 8, 1, 1),
+            persistent=False,
+        )
+        self.blocks: list[tuple[int, int, int]] = []  # (side, radius, cells a row)
+        for side in self.scales_px:
+            if side > self.input_size:
+                raise ValueError(f"side {side} exceeds the input size {self.input_size}")
+            if side != self.input_size:
+                resize = torch.from_numpy(area_resize_matrix(self.input_size, side)).float()
+                self.register_buffer(f"resize_{side}", resize, persistent=False)
+            for radius in self.radii_px:
+                interior = side - 2 * radius
+                cells = interior // self.cell_px
+                if cells < 1:
+                    raise ValueError(f"a {self.cell_px}-px cell does not fit at side {side}")
+                self.blocks.append((side, radius, cells))
+                self.register_buffer(f"ring_{radius}", self._ring_kernel(radius), persistent=False)
+                self.register_buffer(
+                    f"cell_index_{side}_{radius}",
+                    self._cell_index(interior, cells),
+                    persistent=False,
+                )
+        self.output_dim = sum(2 * c * c * NUM_LBP_BINS for _, _, c in self.blocks)
+
+    @staticmethod
+    def _ring_kernel(radius: int) -> torch.Tensor:
+        """``(8, 1, 2r+1, 2r+1)``: output channel ``p`` = neighbour ``p`` − centre."""
+        kernel = torch.zeros(8, 1, 2 * radius + 1, 2 * radius + 1)
+        for p, (dy, dx) in enumerate(_NEIGHBOURS):
+            kernel[p, 0, radius + dy * radius, radius + dx * radius] += 1.0
+            kernel[p, 0, radius, radius] -= 1.0
+        return kernel
+
+    def _cell_index(self, interior: int, cells: int) -> torch.Tensor:
+        """``(interior²,)``: first histogram slot of each interior pixel's cell (centred grid);
+        pixels outside every cell point at a discarded extra cell."""
+        offset = (interior - cells * self.cell_px) // 2
+        rows = torch.arange(interior) - offset
+        inside = (rows >= 0) & (rows < cells * self.cell_px)
+        cell = torch.where(inside, rows // self.cell_px, torch.full_like(rows, -1))
+        y, x = cell.view(-1, 1), cell.view(1, -1)
+        outside = torch.full_like(y * x, cells * cells)
+        index = torch.where((y >= 0) & (x >= 0), y * cells + x, outside)
+        return (index * NUM_LBP_BINS).flatten()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        grey = (images * self.std + self.mean) * 255.0
+        n, t = images.shape[0], self.threshold_grey - 7.0 / 16.0
+        parts = []
+        for side, radius, cells in self.blocks:
+            scaled = grey
+            if side != self.input_size:
+                resize = getattr(self, f"resize_{side}")
+                scaled = resize @ grey @ resize.T
+            diff = F.conv2d(scaled, getattr(self, f"ring_{radius}"))  # (N, 8, h, w)
+            upper = ((diff >= t).float() * self.powers).sum(1)
+            lower = ((diff <= -t).float() * self.powers).sum(1)
+            slots = (cells * cells + 1) * NUM_LBP_BINS
+            base = getattr(self, f"cell_index_{side}_{radius}")
+            index = torch.cat(
+                [
+                    self.uniform_bin[upper.long()].flatten(1) + base,
+                    self.uniform_bin[lower.long()].flatten(1) + base + slots,
+                ],
+                dim=1,
+            )
+            counts = torch.zeros(n, 2 * slots, dtype=grey.dtype, device=grey.device)
+            counts = counts.scatter_add(1, index, torch.ones_like(index, dtype=grey.dtype))
+            counts = counts.view(n, 2, slots)[:, :, : cells * cells * NUM_LBP_BINS]
+            parts.append((counts / float(self.cell_px**2)).sqrt().flatten(1))
+        return torch.cat(parts, dim=1)
+
+    def mirror_permutation(self) -> torch.Tensor:
+        """``(D,)`` long ``π`` with ``self(mirror(x)) = self(x)[:, π]``: cells reflected left to
+        right, bins through the mirrored neighbour ring."""
+        mirror_bin = torch.from_numpy(_mirror_bin_table())
+        parts, start = [], 0
+        for _, _, cells in self.blocks:
+            for _code in range(2):
+                y, x, b = torch.meshgrid(
+                    torch.arange(cells),
+                    torch.arange(cells),
+                    torch.arange(NUM_LBP_BINS),
+                    indexing="ij",
+                )
+                source = (y * cells + (cells - 1 - x)) * NUM_LBP_BINS + mirror_bin[b]
+                parts.append(start + source.flatten())
+                start += cells * cells * NUM_LBP_BINS
+        return torch.cat(parts)

@@ -118,6 +118,11 @@ class RecipeConfig:
     lbp_regularization: float = 0.3
     # grey levels: 0 = LBP codes, t > 0 = local ternary patterns (twice the dimensions)
     lbp_ternary_threshold: float = 0.0
+    # with lbp_weight > 0: build the fused model as one network instead of network + lbp_wccn.npz
+    # (partialfc.models.ltp_fused): iresnet_tiny and in-graph LTP histograms of the 96×96 crop
+    # (sides 96 and 48, radii 1 and 2, 12-px cells; lbp_components, lbp_regularization and
+    # lbp_ternary_threshold as above), evaluated and exported as one ONNX taking the 96×96 crop
+    ltp_in_graph: bool = False
     max_train_images: int = 0  # keep only the first N training images (0 = all; tests)
     export: bool = False  # export the trained backbone (ONNX + safetensors + spec)
 
@@ -160,6 +165,11 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
         raise ValueError(
             f"{source}: recipe.lbp_components / lbp_regularization / lbp_ternary_threshold: {err}"
         ) from None
+    if recipe.ltp_in_graph and recipe.lbp_ternary_threshold <= 0:
+        raise ValueError(
+            f"{source}: recipe.ltp_in_graph computes ternary codes: it needs "
+            f"recipe.lbp_ternary_threshold > 0, got {recipe.lbp_ternary_threshold}"
+        )
     return recipe
 
 
@@ -715,6 +725,80 @@ def evaluate_fused(embed_fn, input_size: int, lbp, split: LfwSplit, recipe: Reci
     }
 
 
+def normalised_faces(images: np.ndarray):
+    """``(N, 1, H, W)`` float32 tensor of uint8 grey crops, as the networks take them:
+    ``(x / 255 − 0.5) / 0.5``."""
+    import torch
+
+    return torch.from_numpy((np.asarray(images, np.float32) / 255.0 - 0.5) / 0.5).unsqueeze(1)
+
+
+def fit_ltp_fused(backbone, split: LfwSplit, recipe: RecipeConfig):
+    """:class:`partialfc.models.ltp_fused.LtpFusedEmbedding` of ``backbone`` (already whitened
+    when the recipe whitens) and :class:`partialfc.models.ltp_layer.LtpHistograms` of the
+    96×96 crops, the descriptor fitted on the split's training images with the recipe's
+    ``lbp_*`` settings."""
+    import copy
+
+    from partialfc.models.ltp_fused import LtpFusedEmbedding
+    from partialfc.models.ltp_layer import LtpHistograms
+
+    histograms = LtpHistograms(
+        GREY_SIZE, (GREY_SIZE, GREY_SIZE // 2), threshold_grey=recipe.lbp_ternary_threshold
+    )
+    network = copy.deepcopy(backbone).cpu().float().eval()
+    fused = LtpFusedEmbedding(
+        network, histograms, recipe.lbp_components, recipe.lbp_weight, recipe.flip_test
+    ).eval()
+    return fused.fit_texture(
+        normalised_faces(split.train_images), split.train_labels, recipe.lbp_regularization
+    )
+
+
+def evaluate_ltp_fused(fused, split: LfwSplit, recipe: RecipeConfig) -> dict:
+    """Validation metrics of the one-network fused model (``model_fused``: exactly what is
+    exported, on the 96×96 crops) and of its texture part alone (``lbp``)."""
+    import torch
+
+    from partialfc.backbone.embedding import embed_array
+
+    class Texture(torch.nn.Module):
+        def forward(self, images):
+            return fused.texture(images)
+
+    pair_sets = {s: pair_images(recipe, split, s) for s in recipe.pair_sources}
+    colour_images = pair_sets["colour"].images if "colour" in pair_sets else split.val_images[:1]
+    out = {}
+    for name, module in (("lbp", Texture()), ("model_fused", fused)):
+        val, col = (
+            embed_array(module, images, 128) for images in (split.val_images, colour_images)
+        )
+        out[name] = evaluate_embeddings(val, col, split, pair_sets)
+    return out
+
+
+def ltp_fused_spec(fused):
+    """The export's :class:`PreprocessingSpec`: grey 96×96 crops in the grey crops' frame,
+    rebuilt by ``build_model("iresnet_tiny_ltp", ...)``."""
+    from partialfc.deploy import PreprocessingSpec
+
+    return PreprocessingSpec(
+        model_name="iresnet_tiny_ltp",
+        model_kwargs={
+            "embedding_dim": fused.embedding_dim,
+            "input_size": GREY_SIZE,
+            "in_channels": 1,
+        },
+        embedding_dim=fused.embedding_dim,
+        input_size=(GREY_SIZE, GREY_SIZE),
+        in_channels=1,
+        colour_order="GREY",
+        mean=(0.5,),
+        std=(0.5,),
+        alignment_landmarks=GREY_FRAME_LANDMARKS,
+    )
+
+
 def headline(metrics: dict, source: str) -> str:
     pairs = metrics[f"pairs_{source}"]
     ava = metrics["all_vs_all"]["tar@far=0.001"]
@@ -827,6 +911,13 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
             f"recipe.lbp_components ({recipe.lbp_components}) must be below the number of "
             f"training images ({len(split.train_images)})"
         )
+    if recipe.ltp_in_graph and recipe.lbp_weight > 0 and recipe.export:
+        network = (cfg.model.name, cfg.model.embedding_dim, cfg.data.input_size)
+        if network != ("iresnet_tiny", 256, 64):  # what build_model("iresnet_tiny_ltp") rebuilds
+            raise ValueError(
+                "recipe.ltp_in_graph exports iresnet_tiny_ltp: model.name iresnet_tiny, "
+                f"model.embedding_dim 256, data.input_size 64; got {network}"
+            )
     trainer = build_trainer(recipe, cfg, split, distillation=distillation)
     t_train = time.perf_counter()
     fit = trainer.fit()
@@ -856,8 +947,13 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
             "regularization": recipe.whiten_regularization,
             "fitted_on_images": int(len(split.train_images)),
         }
-    lbp = None
-    if recipe.lbp_weight > 0:
+    lbp = one_network = None
+    if recipe.lbp_weight > 0 and recipe.ltp_in_graph:
+        t_lbp = time.perf_counter()
+        one_network = fit_ltp_fused(backbone, split, recipe)
+        result["lbp"] = {"in_graph": True, "fit_seconds": time.perf_counter() - t_lbp}
+        result["lbp"]["weight"] = recipe.lbp_weight
+    elif recipe.lbp_weight > 0:
         t_lbp = time.perf_counter()
         lbp = fit_lbp(split, recipe)
         result["lbp"] = {
@@ -879,6 +975,9 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
         if lbp is not None:
             metrics.update(evaluate_fused(embed_fn, cfg.data.input_size, lbp, split, recipe))
             names += ("lbp", "model_fused")
+        if one_network is not None:
+            metrics.update(evaluate_ltp_fused(one_network, split, recipe))
+            names += ("lbp", "model_fused")
         result["validation"] = metrics
         for name in names:
             print(f"{name:16s} {headline(metrics[name], recipe.val_images)}", flush=True)
@@ -889,7 +988,11 @@ def run(recipe: RecipeConfig, cfg, distillation: Distillation | None = None) -> 
         if recipe.align:  # the frame the crops were aligned to, at the model's input size
             frame = GREY_FRAME_LANDMARKS * (cfg.data.input_size / GREY_SIZE)
             spec = replace(spec, alignment_landmarks=frame)
-        exported = export_backbone(backbone, spec, trainer.run_dir / "export")
+        if one_network is not None:  # one ONNX: the 96×96 crop in, the fused embedding out
+            model_out, spec = one_network, ltp_fused_spec(one_network)
+        else:
+            model_out = backbone
+        exported = export_backbone(model_out, spec, trainer.run_dir / "export")
         result["export"] = exported.to_dict()
         if lbp is not None:  # fused at test time: fuse_embeddings(onnx(x_64), lbp(x_96), w)
             # moved, not copied: 236 MB with LBP codes, 473 MB with LTP codes
@@ -945,6 +1048,28 @@ def ensemble_embed(
     return with_shift_averaging(embed, shift_average_px), height
 
 
+def whitened_run(path, split: LfwSplit, recipe: RecipeConfig):
+    """The one-network fused model (:func:`fit_ltp_fused`) of a trained run folder's newest
+    checkpoint, whitened on the split's training images when ``recipe.whiten``."""
+    from partialfc.backbone.embedding import embed_array
+    from partialfc.backbone.io import load_backbone_from_checkpoint
+
+    backbone, _ = load_backbone_from_checkpoint(path)
+    if recipe.whiten:
+        from partialfc.models.common import fold_linear_map
+
+        size = (
+            backbone.input_size[0]
+            if isinstance(backbone.input_size, tuple)
+            else backbone.input_size
+        )
+        whitening = fit_whitening(
+            lambda images: embed_array(backbone, images, 256), split, recipe, int(size)
+        )
+        backbone = fold_linear_map(backbone, whitening.projection)
+    return fit_ltp_fused(backbone, split, recipe)
+
+
 def evaluate_models(
     recipe: RecipeConfig, model_paths: list[str], shift_average_px: int = 0
 ) -> dict:
@@ -960,7 +1085,14 @@ def evaluate_models(
     embed, size = ensemble_embed(model_paths, whitening_split, recipe, shift_average_px)
     metrics = evaluate_validation(embed, split, recipe, size, baseline=False)
     names = ("model", "model_no_flip")
-    if recipe.lbp_weight > 0:
+    if recipe.lbp_weight > 0 and recipe.ltp_in_graph:
+        if len(model_paths) != 1:
+            raise ValueError("recipe.ltp_in_graph fuses one trained run, not an ensemble")
+        metrics.update(
+            evaluate_ltp_fused(whitened_run(model_paths[0], split, recipe), split, recipe)
+        )
+        names += ("lbp", "model_fused")
+    elif recipe.lbp_weight > 0:
         metrics.update(evaluate_fused(embed, size, fit_lbp(split, recipe), split, recipe))
         names += ("lbp", "model_fused")
     for name in names:

@@ -32,6 +32,7 @@ from partialfc.models.iresnet import (
     iresnet_small_narrow,
     iresnet_tiny,
 )
+from partialfc.models.ltp_fused import LtpFusedEmbedding, iresnet_tiny_ltp
 from partialfc.models.mobilefacenet import MobileFaceNet, mobilefacenet
 from partialfc.models.vit import FaceViT, vit_b, vit_s, vit_t
 
@@ -46,6 +47,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "iresnet_small": iresnet_small,
     "iresnet_small_narrow": iresnet_small_narrow,
     "iresnet_tiny": iresnet_tiny,
+    # iresnet_tiny + in-graph LTP descriptor, fused (the LFW one-file preset)
+    "iresnet_tiny_ltp": iresnet_tiny_ltp,
     "mobilefacenet": mobilefacenet,
     "vit_t": vit_t,
     "vit_s": vit_s,
@@ -96,6 +99,7 @@ __all__ = [
     "Complexity",
     "FaceViT",
     "IResNet",
+    "LtpFusedEmbedding",
     "MobileFaceNet",
     "build_model",
     "complexity",
@@ -111,6 +115,7 @@ __all__ = [
     "iresnet_small",
     "iresnet_small_narrow",
     "iresnet_tiny",
+    "iresnet_tiny_ltp",
     "mobilefacenet",
     "register_model",
     "vit_b",

@@ -134,6 +134,7 @@ def test_overlapping_split_is_refused(shared_data):
         ("recipe.lbp_weight=-1", "lbp_weight"),
         ("recipe.lbp_weight=.nan", "lbp_weight"),
         ("recipe.lbp_weight=much", "lbp_weight"),
+        ("recipe.ltp_in_graph=true", "lbp_ternary_threshold > 0"),
         ("recipe.lbp_components=0", "lbp_components"),
         ("recipe.lbp_regularization=-0.5", "lbp_regularization"),
         ("recipe.lbp_ternary_threshold=-2", "lbp_ternary_threshold"),
@@ -578,3 +579,52 @@ def test_student_of_trained_runs_logs_the_ensemble_terms(shared_data, tmp_path):
     assert not torch.allclose(got, net_units @ net_units.T, atol=1e-2)  # the descriptor counts
     with pytest.raises(ValueError, match="needs the training crops"):
         fused.term(images, split.num_classes)
+
+
+def test_in_graph_fused_run_exports_one_onnx_of_network_and_descriptor(shared_data, tmp_path):
+    from partialfc.deploy import Embedder, PreprocessingSpec
+    from partialfc.eval import l2_normalize
+
+    overrides = ("model.name=iresnet_tiny", "recipe.lbp_weight=3", "recipe.lbp_components=8")
+    overrides += ("recipe.ltp_in_graph=true", "recipe.lbp_ternary_threshold=8")
+    with pytest.raises(ValueError, match="iresnet_tiny_ltp"):  # TINY_RUN's 16-d, 32-px network
+        _tiny_final_run(shared_data, tmp_path, *overrides)
+    sized = ("model.embedding_dim=256", "data.input_size=64")
+    recipe, result = recipe_mod.load_recipe(
+        REPO / "configs" / "lfw_dev_final.yaml",
+        [
+            f"recipe.data_root={shared_data / 'lfw_dev'}",
+            *FAST,
+            *TINY_RUN,
+            *overrides,
+            *sized,
+            "train.epochs=1",
+            f"run.output_dir={tmp_path}",
+        ],
+    )
+    result = recipe_mod.run(recipe, result)
+    export = tmp_path / "lfw_dev_final" / "export"
+    assert sorted(p.name for p in export.iterdir()) == [
+        "backbone.onnx",
+        "backbone.safetensors",
+        "preprocessing.json",
+    ]  # no descriptor file beside the network
+    assert result["lbp"]["in_graph"] and result["export"]["max_abs_diff"] < 1e-4
+    spec = PreprocessingSpec.load(export / "preprocessing.json")
+    assert (spec.model_name, spec.input_size, spec.embedding_dim) == (
+        "iresnet_tiny_ltp",
+        (96, 96),
+        256 + 8,
+    )
+    faces = recipe_mod.build_split(recipe).train_images[:6]
+    one = Embedder.load(export, backend="onnx").embed_raw(faces)
+    np.testing.assert_allclose(
+        one, Embedder.load(export, backend="torch").embed_raw(faces), atol=1e-4
+    )
+    # the first 256 dimensions are the trained network's flip-tested embedding, normalised
+    trained = Embedder.load(tmp_path / "lfw_dev_final")
+    x = recipe_mod.resize_to(faces, 64)
+    net = trained.embed_raw(x) + trained.embed_raw(np.ascontiguousarray(x[:, :, ::-1]))
+    cosines = np.sum(l2_normalize(net) * one[:, :256], axis=1)
+    assert (cosines > 0.99).all()
+    np.testing.assert_allclose(np.linalg.norm(one[:, 256:], axis=1), np.sqrt(3), rtol=1e-5)

@@ -1,0 +1,168 @@
+"""One network from a trained backbone and an in-graph texture descriptor, fused by score.
+
+``LtpFusedEmbedding(x) = [ê_net(x), √w · ê_ltp(x)]`` (``ê`` = L2-normalised), so that the cosine of
+two outputs is ``(cos_net + w · cos_ltp) / (1 + w)``, the score-level fusion of
+:func:`partialfc.models.lbp.fuse_embeddings`, with both parts inside one graph:
+
+* ``e_net(x) = f(x) + f(mirror(x))``: the backbone ``f`` on the input area-resampled to its own
+  side, with the flip test when ``flip_test``;
+* ``e_ltp(x) = (h(x) + h(mirror(x)) − μ) W``: :class:`partialfc.models.ltp_layer.LtpHistograms`
+  ``h``, projected by PCA and within-class whitening (WCCN, Hatch et al., ICSLP 2006) learned in
+  closed form on training faces (:meth:`LtpFusedEmbedding.fit_texture`). The mirrored
+  histograms are a permutation of ``h(x)``, folded into ``W``, so the descriptor runs once;
+  ``W`` is stored as int8 with one float scale per column (symmetric, ``max |W_:,j| / 127``) and
+  ``−μ W`` as a bias (from the stored ``W``).
+
+The descriptor is the multi-scale LTP face description of Tan & Triggs (IEEE TIP 2010) with the
+high-dimensional-LBP projection of Chen et al. ("Blessing of dimensionality", CVPR 2013).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from partialfc.models.ltp_layer import LtpHistograms, area_resize_matrix
+
+
+class LtpFusedEmbedding(nn.Module):
+    """``(N, 1, H, H)`` normalised grey faces → ``(N, d_net + num_components)`` fused embedding.
+
+    ``backbone``: a trained model with ``input_size`` ≤ ``histograms.input_size`` (its input is
+    area-resampled inside the graph); ``num_components``: the descriptor's PCA dimensions;
+    ``ltp_weight``: ``w`` ≥ 0; ``flip_test``: add the backbone's embedding of the mirror image.
+    The texture part is zero until :meth:`fit_texture` (or a loaded state dict) sets it.
+
+    Defaults: 1,000 components, ``w`` = 3, flip test on.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        histograms: LtpHistograms,
+        num_components: int = 1000,
+        ltp_weight: float = 3.0,
+        flip_test: bool = True,
+    ):
+        super().__init__()
+        if not math.isfinite(ltp_weight) or ltp_weight < 0:
+            raise ValueError(f"ltp_weight must be finite and >= 0, got {ltp_weight}")
+        if int(num_components) < 1:
+            raise ValueError(f"num_components must be >= 1, got {num_components}")
+        net_side = _side(getattr(backbone, "input_size", histograms.input_size))
+        if net_side > histograms.input_size:
+            raise ValueError(
+                f"the backbone's input ({net_side} px) exceeds the descriptor's "
+                f"({histograms.input_size} px)"
+            )
+        self.backbone, self.histograms = backbone, histograms
+        self.flip_test = bool(flip_test)
+        self.net_side = net_side
+        self.num_components = int(num_components)
+        self.embedding_dim = int(backbone.embedding_dim) + self.num_components
+        self.input_size = (histograms.input_size, histograms.input_size)
+        self.in_channels = 1
+        if net_side != histograms.input_size:
+            resize = torch.from_numpy(area_resize_matrix(histograms.input_size, net_side)).float()
+            self.register_buffer("net_resize", resize, persistent=False)
+        dim = histograms.output_dim
+        self.register_buffer("ltp_weight", torch.tensor(float(ltp_weight)))
+        self.register_buffer("projection_int8", torch.zeros(dim, num_components, dtype=torch.int8))
+        self.register_buffer("projection_scale", torch.zeros(num_components))
+        self.register_buffer("bias", torch.zeros(num_components))
+
+    def texture(self, images: torch.Tensor) -> torch.Tensor:
+        """``e_ltp``: the whitened descriptor of the flip-averaged histograms (unnormalised)."""
+        projection = self.projection_int8.to(images.dtype) * self.projection_scale
+        return self.histograms(images) @ projection + self.bias
+
+    def network(self, images: torch.Tensor) -> torch.Tensor:
+        """``e_net``: the backbone's embedding (plus its mirror's with the flip test)."""
+        if self.net_side != self.histograms.input_size:
+            images = self.net_resize @ images @ self.net_resize.T
+        embedding = self.backbone(images)
+        if self.flip_test:
+            embedding = embedding + self.backbone(torch.flip(images, dims=[-1]))
+        return embedding
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        parts = [
+            F.normalize(self.network(images), dim=1),
+            self.ltp_weight.sqrt() * F.normalize(self.texture(images), dim=1),
+        ]
+        return torch.cat(parts, dim=1)
+
+    @torch.no_grad()
+    def fit_texture(
+        self,
+        images: torch.Tensor,
+        labels: np.ndarray,
+        regularization: float = 0.3,
+        batch_size: int = 128,
+    ) -> LtpFusedEmbedding:
+        """Learn ``μ`` and ``W`` from ``(N, 1, H, H)`` normalised training faces and their
+        identity labels: PCA to ``num_components`` and WCCN with ridge ``regularization``
+        (:meth:`partialfc.models.lbp.LbpWccnEmbedder.fit_descriptors`) of the flip-averaged
+        histograms ``h(x) + h(mirror(x))``. Default ridge 0.3."""
+        from partialfc.models.lbp import LbpWccnEmbedder
+
+        labels = np.asarray(labels)
+        if labels.shape != (len(images),):
+            raise ValueError(f"labels must be ({len(images)},), got shape {labels.shape}")
+        mirror = self.histograms.mirror_permutation()
+        chunks = []
+        for start in range(0, len(images), batch_size):
+            h = self.histograms(images[start : start + batch_size].float())
+            chunks.append((h + h[:, mirror]).numpy())
+        fitted = LbpWccnEmbedder(num_components=self.num_components, regularization=regularization)
+        fitted.fit_descriptors(np.concatenate(chunks), labels)
+        projection = torch.from_numpy(fitted.projection).double()
+        # (h + h[:, π]) W = h (W + W[π⁻¹]);  π is an involution, so π⁻¹ = π
+        folded = projection + projection[mirror]
+        scale = folded.abs().amax(dim=0).clamp_min(1e-30) / 127.0
+        stored = torch.round(folded / scale)
+        # μ is the mean of flip-averaged descriptors, so μ[π] = μ and μ W = (μ / 2) W_folded:
+        # the bias is taken with the stored W_folded, so that rounding errors of h W_folded and
+        # of the bias cancel on the mean face
+        bias = -(torch.from_numpy(fitted.mean).double() / 2) @ (stored * scale)
+        self.projection_int8.copy_(stored.to(torch.int8))
+        self.projection_scale.copy_(scale.float())
+        self.bias.copy_(bias.float())
+        return self
+
+
+def iresnet_tiny_ltp(
+    embedding_dim: int = 1256,
+    input_size: int | tuple[int, int] = 96,
+    in_channels: int = 1,
+    dropout: float = 0.0,
+) -> LtpFusedEmbedding:
+    """:class:`LtpFusedEmbedding` of a grey ``iresnet_tiny`` (256-d, 64-px input, flip test)
+    and the default :class:`LtpHistograms` of the ``input_size`` crop, with ``embedding_dim −
+    256`` components (the registry's common signature, so an export reloads from its
+    safetensors; the descriptor is unfitted until its state dict is loaded). Default 1,000
+    components at 96 px."""
+    from partialfc.models.iresnet import iresnet_tiny
+
+    side = _side(input_size)
+    if in_channels != 1:
+        raise ValueError(f"iresnet_tiny_ltp takes grey faces (in_channels=1), got {in_channels}")
+    if embedding_dim <= 256:
+        raise ValueError(f"embedding_dim must exceed the network's 256, got {embedding_dim}")
+    backbone = iresnet_tiny(embedding_dim=256, input_size=64, in_channels=1, dropout=dropout)
+    histograms = LtpHistograms(input_size=side, scales_px=(side, side // 2))
+    return LtpFusedEmbedding(backbone, histograms, embedding_dim - 256)
+
+
+def _side(size) -> int:
+    """The side of a square input size given as an int or an ``(H, W)`` pair."""
+    if isinstance(size, int):
+        return size
+    height, width = (int(v) for v in size)
+    if height != width:
+        raise ValueError(f"square inputs only, got {height}x{width}")
+    return height

@@ -1,0 +1,150 @@
+"""The one-network fused model: its cosine is the weighted sum of the two parts' cosines
+recomputed independently, the int8 projection stays within half a step of the fitted one, and
+the export is one ONNX file that reloads through the model registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from partialfc.models import build_model
+from partialfc.models.lbp import LbpWccnEmbedder
+from partialfc.models.ltp_fused import LtpFusedEmbedding
+from partialfc.models.ltp_layer import LtpHistograms
+
+
+class _Pixels(nn.Module):
+    """A stand-in backbone: a fixed random linear map of the 16×16 input."""
+
+    def __init__(self, dim: int = 6):
+        super().__init__()
+        self.embedding_dim, self.input_size, self.in_channels = dim, 16, 1
+        self.linear = nn.Linear(256, dim)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1))
+
+
+def _faces(n: int, side: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    people = rng.integers(0, 256, (n // 4, side, side))
+    noisy = np.repeat(people, 4, axis=0) + rng.normal(0, 20, (n, side, side))
+    grey = np.clip(noisy, 0, 255).round()
+    return torch.from_numpy((grey / 255.0 - 0.5) / 0.5).float().unsqueeze(1), np.repeat(
+        np.arange(n // 4), 4
+    )
+
+
+def _fitted(weight: float = 3.0, flip: bool = True) -> tuple[LtpFusedEmbedding, torch.Tensor]:
+    torch.manual_seed(0)
+    histograms = LtpHistograms(input_size=32, scales_px=(32, 16), radii_px=(1, 2), cell_px=8)
+    fused = LtpFusedEmbedding(
+        _Pixels(), histograms, num_components=12, ltp_weight=weight, flip_test=flip
+    ).eval()
+    faces, labels = _faces(80, 32, seed=1)
+    return fused.fit_texture(faces, labels), faces
+
+
+def test_cosine_is_the_weighted_sum_of_the_network_and_descriptor_cosines():
+    fused, train_faces = _fitted(weight=3.0)
+    faces, _ = _faces(8, 32, seed=2)
+    out = fused(faces).detach().numpy().astype(np.float64)
+    # independent: the network on the area-halved face and its mirror ...
+    small = torch.nn.functional.avg_pool2d(faces, 2)
+    net = fused.backbone(small) + fused.backbone(torch.flip(small, dims=[-1]))
+    # ... and the descriptor fitted by LbpWccnEmbedder on explicitly mirrored histograms
+    h = fused.histograms
+
+    def flip_averaged(x):
+        return (h(x) + h(torch.flip(x, dims=[-1]))).numpy()
+
+    train_labels = np.repeat(np.arange(20), 4)
+    reference = LbpWccnEmbedder(num_components=12, regularization=0.3)
+    reference.fit_descriptors(flip_averaged(train_faces), train_labels)
+    texture = reference.project(flip_averaged(faces))
+
+    def unit(x):
+        x = np.asarray(x, dtype=np.float64)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    expected = (
+        unit(net.detach().numpy()) @ unit(net.detach().numpy()).T
+        + 3 * unit(texture) @ unit(texture).T
+    ) / 4
+    # int8 rounding of the 12 projection columns moves cosines by a few thousandths here
+    np.testing.assert_allclose(out @ out.T / 4, expected, atol=5e-3)
+    assert out.shape == (8, 6 + 12)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 2.0, rtol=1e-5)  # √(1 + w)
+
+
+def test_int8_projection_is_within_half_a_step_of_the_fitted_one():
+    fused, train_faces = _fitted()
+    h = fused.histograms(train_faces)
+    mirror = fused.histograms.mirror_permutation()
+    reference = LbpWccnEmbedder(num_components=12).fit_descriptors(
+        (h + h[:, mirror]).numpy(), np.repeat(np.arange(20), 4)
+    )
+    exact = torch.from_numpy(reference.projection).double()
+    folded = exact + exact[mirror]
+    stored = fused.projection_int8.double() * fused.projection_scale.double()
+    step = fused.projection_scale.double()
+    assert ((stored - folded).abs() <= step / 2 * (1 + 1e-5) + 1e-9).all()
+    assert fused.projection_int8.abs().max() == 127  # each column uses the full range
+    # the bias is −μ W of the stored matrix: −(μ / 2) W_folded, μ being mirror-symmetric
+    mean = torch.from_numpy(reference.mean).double()
+    torch.testing.assert_close(mean[mirror], mean)
+    torch.testing.assert_close(fused.bias.double(), -(mean / 2) @ stored, rtol=1e-5, atol=1e-6)
+
+
+def test_without_flip_test_the_network_part_is_the_backbone_alone():
+    fused, _ = _fitted(flip=False)
+    faces, _ = _faces(4, 32, seed=3)
+    net = torch.nn.functional.normalize(fused.backbone(torch.nn.functional.avg_pool2d(faces, 2)))
+    torch.testing.assert_close(fused(faces)[:, :6], net.detach())
+
+
+def test_refusals():
+    histograms = LtpHistograms(input_size=32, scales_px=(32,), cell_px=8)
+    with pytest.raises(ValueError, match="ltp_weight"):
+        LtpFusedEmbedding(_Pixels(), histograms, 4, ltp_weight=-1.0)
+    big = _Pixels()
+    big.input_size = 64
+    with pytest.raises(ValueError, match="exceeds"):
+        LtpFusedEmbedding(big, histograms, 4)
+    fused = LtpFusedEmbedding(_Pixels(), histograms, 4)
+    with pytest.raises(ValueError, match="labels"):
+        fused.fit_texture(torch.zeros(8, 1, 32, 32), np.zeros(7))
+    with pytest.raises(ValueError, match="embedding_dim"):
+        build_model("iresnet_tiny_ltp", embedding_dim=256, input_size=96, in_channels=1)
+
+
+def test_export_is_one_onnx_file_that_reloads_through_the_registry(tmp_path):
+    from partialfc.deploy import Embedder, PreprocessingSpec, export_backbone
+
+    torch.manual_seed(0)
+    model = build_model("iresnet_tiny_ltp", embedding_dim=256 + 16, input_size=96, in_channels=1)
+    faces, labels = _faces(40, 96, seed=4)
+    model.eval().fit_texture(faces, labels)
+    spec = PreprocessingSpec(
+        "iresnet_tiny_ltp",
+        {"embedding_dim": 272, "input_size": 96, "in_channels": 1},
+        272,
+        (96, 96),
+        1,
+        "GREY",
+        (0.5,),
+        (0.5,),
+    )
+    result = export_backbone(model, spec, tmp_path)  # raises when ORT and torch disagree
+    assert result.max_abs_diff < 1e-4
+    import onnx
+
+    proto = onnx.load(str(result.onnx_path))
+    int8 = [t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert [tuple(t.dims) for t in int8] == [(13_688, 16)]  # stored as int8, not float
+    grey = np.random.default_rng(5).integers(0, 256, (3, 96, 96)).astype(np.uint8)
+    by_onnx = Embedder.load(tmp_path, backend="onnx").embed_raw(grey)
+    by_torch = Embedder.load(tmp_path, backend="torch").embed_raw(grey)
+    np.testing.assert_allclose(by_onnx, by_torch, atol=1e-4)

@@ -6,12 +6,13 @@ two outputs is ``(cos_net + w · cos_ltp) / (1 + w)``, the score-level fusion of
 
 * ``e_net(x) = f(x) + f(mirror(x))``: the backbone ``f`` on the input area-resampled to its own
   side, with the flip test when ``flip_test``;
-* ``e_ltp(x) = (h(x) + h(mirror(x)) − μ) W``: :class:`partialfc.models.ltp_layer.LtpHistograms`
-  ``h``, projected by PCA and within-class whitening (WCCN, Hatch et al., ICSLP 2006) learned in
-  closed form on training faces (:meth:`LtpFusedEmbedding.fit_texture`). The mirrored
-  histograms are a permutation of ``h(x)``, folded into ``W``, so the descriptor runs once;
-  ``W`` is stored as int8 with one float scale per column (symmetric, ``max |W_:,j| / 127``) and
-  ``−μ W`` as a bias (from the stored ``W``).
+* ``e_ltp(x) = (c(h(x) + h(mirror(x))) − μ) W``: :class:`partialfc.models.ltp_layer.LtpHistograms`
+  ``h`` (the mirror's histograms are a permutation of ``h(x)``: one pass), ``c`` each cell's
+  118-bin histogram pair reduced to ``cell_components`` by a principal-component basis shared
+  by the cells of a (side, radius, code) block, then PCA and within-class whitening (WCCN,
+  Hatch et al., ICSLP 2006), all learned in closed form on training faces
+  (:meth:`LtpFusedEmbedding.fit_texture`). ``W`` is stored as int8 with one float scale per
+  column (symmetric, ``max |W_:,j| / 127``) and ``−μ W`` (of the stored ``W``) as a bias.
 
 The descriptor is the multi-scale LTP face description of Tan & Triggs (IEEE TIP 2010) with the
 high-dimensional-LBP projection of Chen et al. ("Blessing of dimensionality", CVPR 2013).
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from partialfc.models.lbp import NUM_LBP_BINS
 from partialfc.models.ltp_layer import LtpHistograms, area_resize_matrix
 
 
@@ -34,10 +36,11 @@ class LtpFusedEmbedding(nn.Module):
 
     ``backbone``: a trained model with ``input_size`` ≤ ``histograms.input_size`` (its input is
     area-resampled inside the graph); ``num_components``: the descriptor's PCA dimensions;
-    ``ltp_weight``: ``w`` ≥ 0; ``flip_test``: add the backbone's embedding of the mirror image.
+    ``ltp_weight``: ``w`` ≥ 0; ``flip_test``: add the backbone's embedding of the mirror image;
+    ``cell_components``: dimensions kept of each cell's 59 bins a code (0 = all, no reduction).
     The texture part is zero until :meth:`fit_texture` (or a loaded state dict) sets it.
 
-    Defaults: 1,000 components, ``w`` = 3, flip test on.
+    Defaults: 1,000 components, ``w`` = 3, flip test on, 16 dimensions a cell and code.
     """
 
     def __init__(
@@ -47,12 +50,15 @@ class LtpFusedEmbedding(nn.Module):
         num_components: int = 1000,
         ltp_weight: float = 3.0,
         flip_test: bool = True,
+        cell_components: int = 16,
     ):
         super().__init__()
         if not math.isfinite(ltp_weight) or ltp_weight < 0:
             raise ValueError(f"ltp_weight must be finite and >= 0, got {ltp_weight}")
         if int(num_components) < 1:
             raise ValueError(f"num_components must be >= 1, got {num_components}")
+        if not 0 <= int(cell_components) <= NUM_LBP_BINS:
+            raise ValueError(f"cell_components must be in 0..59, got {cell_components}")
         net_side = _side(getattr(backbone, "input_size", histograms.input_size))
         if net_side > histograms.input_size:
             raise ValueError(
@@ -69,16 +75,35 @@ class LtpFusedEmbedding(nn.Module):
         if net_side != histograms.input_size:
             resize = torch.from_numpy(area_resize_matrix(histograms.input_size, net_side)).float()
             self.register_buffer("net_resize", resize, persistent=False)
-        dim = histograms.output_dim
+        self.cell_components = int(cell_components) or NUM_LBP_BINS
+        # (cells, first output column) of each (side, radius, code) block of h
+        self.cell_blocks = [c * c for c in histograms.cells_per_row() for _code in range(2)]
+        blocks = len(self.cell_blocks)
+        self.register_buffer("cell_mean", torch.zeros(blocks, NUM_LBP_BINS))
+        self.register_buffer("cell_basis", torch.zeros(blocks, NUM_LBP_BINS, self.cell_components))
+        self.register_buffer("mirror", histograms.mirror_permutation(), persistent=False)
+        dim = sum(self.cell_blocks) * self.cell_components
         self.register_buffer("ltp_weight", torch.tensor(float(ltp_weight)))
         self.register_buffer("projection_int8", torch.zeros(dim, num_components, dtype=torch.int8))
         self.register_buffer("projection_scale", torch.zeros(num_components))
         self.register_buffer("bias", torch.zeros(num_components))
 
+    def cell_features(self, images: torch.Tensor) -> torch.Tensor:
+        """``c(h(x) + h(mirror(x)))``: every cell's flip-summed histograms in the block's basis."""
+        h = self.histograms(images)
+        h = h + h[:, self.mirror]
+        parts, start = [], 0
+        for block, cells in enumerate(self.cell_blocks):
+            cell_bins = h[:, start : start + cells * NUM_LBP_BINS].reshape(-1, cells, NUM_LBP_BINS)
+            start += cells * NUM_LBP_BINS
+            reduced = (cell_bins - self.cell_mean[block]) @ self.cell_basis[block]
+            parts.append(reduced.flatten(1))
+        return torch.cat(parts, dim=1)
+
     def texture(self, images: torch.Tensor) -> torch.Tensor:
-        """``e_ltp``: the whitened descriptor of the flip-averaged histograms (unnormalised)."""
+        """``e_ltp``: the whitened descriptor (unnormalised)."""
         projection = self.projection_int8.to(images.dtype) * self.projection_scale
-        return self.histograms(images) @ projection + self.bias
+        return self.cell_features(images) @ projection + self.bias
 
     def network(self, images: torch.Tensor) -> torch.Tensor:
         """``e_net``: the backbone's embedding (plus its mirror's with the flip test)."""
@@ -104,31 +129,43 @@ class LtpFusedEmbedding(nn.Module):
         regularization: float = 0.3,
         batch_size: int = 128,
     ) -> LtpFusedEmbedding:
-        """Learn ``μ`` and ``W`` from ``(N, 1, H, H)`` normalised training faces and their
-        identity labels: PCA to ``num_components`` and WCCN with ridge ``regularization``
-        (:meth:`partialfc.models.lbp.LbpWccnEmbedder.fit_descriptors`) of the flip-averaged
-        histograms ``h(x) + h(mirror(x))``. Default ridge 0.3."""
+        """Learn the cell bases, ``μ`` and ``W`` from ``(N, 1, H, H)`` normalised training faces
+        and their identity labels: per block, the top principal axes of the flip-summed cell
+        histograms of every face (centred by the block's mean cell); then PCA to
+        ``num_components`` and WCCN with ridge ``regularization``
+        (:meth:`partialfc.models.lbp.LbpWccnEmbedder.fit_descriptors`). Default ridge 0.3."""
         from partialfc.models.lbp import LbpWccnEmbedder
 
         labels = np.asarray(labels)
         if labels.shape != (len(images),):
             raise ValueError(f"labels must be ({len(images)},), got shape {labels.shape}")
-        mirror = self.histograms.mirror_permutation()
         chunks = []
         for start in range(0, len(images), batch_size):
             h = self.histograms(images[start : start + batch_size].float())
-            chunks.append((h + h[:, mirror]).numpy())
+            chunks.append((h + h[:, self.mirror]).double())
+        h = torch.cat(chunks)
+        start = 0
+        for block, cells in enumerate(self.cell_blocks):
+            cell_bins = h[:, start : start + cells * NUM_LBP_BINS].reshape(-1, NUM_LBP_BINS)
+            start += cells * NUM_LBP_BINS
+            mean = cell_bins.mean(dim=0)
+            centred = cell_bins - mean
+            _, axes = torch.linalg.eigh(centred.T @ centred)  # ascending eigenvalues
+            self.cell_mean[block] = mean.float()
+            self.cell_basis[block] = axes.flip(1)[:, : self.cell_components].float()
+        features = torch.cat(
+            [
+                self.cell_features(images[i : i + batch_size].float())
+                for i in range(0, len(images), batch_size)
+            ]
+        )
         fitted = LbpWccnEmbedder(num_components=self.num_components, regularization=regularization)
-        fitted.fit_descriptors(np.concatenate(chunks), labels)
+        fitted.fit_descriptors(features.numpy(), labels)
         projection = torch.from_numpy(fitted.projection).double()
-        # (h + h[:, π]) W = h (W + W[π⁻¹]);  π is an involution, so π⁻¹ = π
-        folded = projection + projection[mirror]
-        scale = folded.abs().amax(dim=0).clamp_min(1e-30) / 127.0
-        stored = torch.round(folded / scale)
-        # μ is the mean of flip-averaged descriptors, so μ[π] = μ and μ W = (μ / 2) W_folded:
-        # the bias is taken with the stored W_folded, so that rounding errors of h W_folded and
-        # of the bias cancel on the mean face
-        bias = -(torch.from_numpy(fitted.mean).double() / 2) @ (stored * scale)
+        scale = projection.abs().amax(dim=0).clamp_min(1e-30) / 127.0
+        stored = torch.round(projection / scale)
+        # the bias from the stored W, so that the rounding errors cancel on the mean face
+        bias = -(torch.from_numpy(fitted.mean).double() @ (stored * scale))
         self.projection_int8.copy_(stored.to(torch.int8))
         self.projection_scale.copy_(scale.float())
         self.bias.copy_(bias.float())

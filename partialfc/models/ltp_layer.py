@@ -13,9 +13,10 @@ ONNX file:
   which is the same on integer grey levels and, as no difference of resampled grey levels at
   the supported ratios lies within ``1/200`` of it, keeps float rounding from flipping bits);
 * each code is binned as a uniform pattern (58 uniform codes + one bin for the rest, Ojala et
-  al., TPAMI 2002) and histogrammed over non-overlapping ``cell_px`` cells centred on the
-  interior (Ahonen et al., TPAMI 2006), each histogram normalised by the cell's pixel count and
-  square-rooted (Hellinger map).
+  al., TPAMI 2002) and histogrammed over ``cell_px`` cells centred on the interior (Ahonen et
+  al., TPAMI 2006), every ``cell_px`` pixels or, with ``overlap``, every ``cell_px / 2`` (the
+  counts of half-cells summed over 2 × 2 windows), each histogram normalised by the cell's
+  pixel count and square-rooted (Hellinger map).
 
 Output ``(N, D)``, ordered scale, radius, code (upper, lower), cell (row-major), bin.
 Because the cells are centred and the neighbour ring is symmetric, the histograms of a mirrored
@@ -68,10 +69,12 @@ class LtpHistograms(nn.Module):
     ``input_size``: side of the input; ``scales_px``: sides the face is resampled to (each
     ≤ ``input_size``); ``radii_px``: neighbour radii; ``cell_px``: side of the cells (even, so
     that the centred grid is mirror-symmetric); ``threshold_grey``: the ternary band ``t`` > 0;
+    ``overlap``: cells every ``cell_px / 2`` pixels instead of every ``cell_px``;
     ``mean``/``std``: the input normalisation ``x = (g / 255 − mean) / std``.
 
-    Defaults: 96-px input, sides 96 and 48, radii 1 and 2, 12-px cells, ``t`` = 8, mean = std =
-    0.5 (13,688 dimensions). No parameters; every constant is a buffer.
+    Defaults: 96-px input, sides 96 and 48, radii 1 and 2, 12-px cells every 6 px, ``t`` = 8,
+    mean = std = 0.5 (54,752 dimensions; 13,688 without overlap). No parameters; every constant
+    is a buffer.
     """
 
     def __init__(
@@ -81,26 +84,33 @@ class LtpHistograms(nn.Module):
         radii_px: tuple[int, ...] = (1, 2),
         cell_px: int = 12,
         threshold_grey: float = 8.0,
+        overlap: bool = True,
         mean: float = 0.5,
         std: float = 0.5,
     ):
         super().__init__()
         if not np.isfinite(threshold_grey) or threshold_grey <= 0:
             raise ValueError(f"threshold_grey must be finite and > 0, got {threshold_grey}")
-        if cell_px < 2 or cell_px % 2:
-            raise ValueError(f"cell_px must be even and >= 2 (a symmetric grid), got {cell_px}")
+        if cell_px < 2 or cell_px % (4 if overlap else 2):
+            raise ValueError(
+                f"cell_px must be even (a multiple of 4 with overlap: a symmetric grid of "
+                f"half-cells) and >= 2, got {cell_px}"
+            )
         if not scales_px or not radii_px or min(radii_px) < 1:
             raise ValueError(f"need sides and radii >= 1, got {scales_px}, {radii_px}")
         self.input_size, self.cell_px = int(input_size), int(cell_px)
         self.scales_px, self.radii_px = tuple(map(int, scales_px)), tuple(map(int, radii_px))
         self.threshold_grey, self.mean, self.std = float(threshold_grey), float(mean), float(std)
+        self.overlap = bool(overlap)
+        # histograms are counted over bins of side `step` (half-cells with overlap)
+        self.step_px = self.cell_px // 2 if self.overlap else self.cell_px
         self.register_buffer("uniform_bin", torch.from_numpy(UNIFORM_BIN.copy()), persistent=False)
         self.register_buffer(
             "powers",
             torch.tensor([float(1 << p) for p in range(8)]).view(1, 8, 1, 1),
             persistent=False,
         )
-        self.blocks: list[tuple[int, int, int]] = []  # (side, radius, cells a row)
+        self.blocks: list[tuple[int, int, int]] = []  # (side, radius, counting bins a row)
         for side in self.scales_px:
             if side > self.input_size:
                 raise ValueError(f"side {side} exceeds the input size {self.input_size}")
@@ -109,8 +119,8 @@ class LtpHistograms(nn.Module):
                 self.register_buffer(f"resize_{side}", resize, persistent=False)
             for radius in self.radii_px:
                 interior = side - 2 * radius
-                cells = interior // self.cell_px
-                if cells < 1:
+                cells = interior // self.step_px
+                if cells - self.overlap < 1:
                     raise ValueError(f"a {self.cell_px}-px cell does not fit at side {side}")
                 self.blocks.append((side, radius, cells))
                 self.register_buffer(f"ring_{radius}", self._ring_kernel(radius), persistent=False)
@@ -119,7 +129,11 @@ class LtpHistograms(nn.Module):
                     self._cell_index(interior, cells),
                     persistent=False,
                 )
-        self.output_dim = sum(2 * c * c * NUM_LBP_BINS for _, _, c in self.blocks)
+        self.output_dim = sum(2 * c * c * NUM_LBP_BINS for c in self.cells_per_row())
+
+    def cells_per_row(self) -> list[int]:
+        """Cells a row of each (side, radius) block, in output order."""
+        return [bins - self.overlap for _, _, bins in self.blocks]
 
     @staticmethod
     def _ring_kernel(radius: int) -> torch.Tensor:
@@ -131,12 +145,13 @@ class LtpHistograms(nn.Module):
         return kernel
 
     def _cell_index(self, interior: int, cells: int) -> torch.Tensor:
-        """``(interior²,)``: first histogram slot of each interior pixel's cell (centred grid);
-        pixels outside every cell point at a discarded extra cell."""
-        offset = (interior - cells * self.cell_px) // 2
+        """``(interior²,)``: first histogram slot of each interior pixel's counting bin (a
+        centred grid of ``step_px`` squares); pixels outside every bin point at a discarded
+        extra one."""
+        offset = (interior - cells * self.step_px) // 2
         rows = torch.arange(interior) - offset
-        inside = (rows >= 0) & (rows < cells * self.cell_px)
-        cell = torch.where(inside, rows // self.cell_px, torch.full_like(rows, -1))
+        inside = (rows >= 0) & (rows < cells * self.step_px)
+        cell = torch.where(inside, rows // self.step_px, torch.full_like(rows, -1))
         y, x = cell.view(-1, 1), cell.view(1, -1)
         outside = torch.full_like(y * x, cells * cells)
         index = torch.where((y >= 0) & (x >= 0), y * cells + x, outside)
@@ -166,6 +181,9 @@ class LtpHistograms(nn.Module):
             counts = torch.zeros(n, 2 * slots, dtype=grey.dtype, device=grey.device)
             counts = counts.scatter_add(1, index, torch.ones_like(index, dtype=grey.dtype))
             counts = counts.view(n, 2, slots)[:, :, : cells * cells * NUM_LBP_BINS]
+            if self.overlap:  # cells = 2 × 2 windows of half-cells, every half-cell
+                c = counts.reshape(n, 2, cells, cells, NUM_LBP_BINS)
+                counts = c[:, :, :-1, :-1] + c[:, :, 1:, :-1] + c[:, :, :-1, 1:] + c[:, :, 1:, 1:]
             parts.append((counts / float(self.cell_px**2)).sqrt().flatten(1))
         return torch.cat(parts, dim=1)
 
@@ -174,7 +192,7 @@ class LtpHistograms(nn.Module):
         right, bins through the mirrored neighbour ring."""
         mirror_bin = torch.from_numpy(_mirror_bin_table())
         parts, start = [], 0
-        for _, _, cells in self.blocks:
+        for cells in self.cells_per_row():
             for _code in range(2):
                 y, x, b = torch.meshgrid(
                     torch.arange(cells),

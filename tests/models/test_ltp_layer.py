@@ -40,7 +40,12 @@ def test_histograms_equal_the_numpy_ternary_codes_counted_per_cell():
     rng = np.random.default_rng(0)
     grey = rng.integers(0, 256, (3, 30, 30)).astype(np.uint8)
     layer = LtpHistograms(
-        input_size=30, scales_px=(30,), radii_px=(1, 2), cell_px=8, threshold_grey=5
+        input_size=30,
+        scales_px=(30,),
+        radii_px=(1, 2),
+        cell_px=8,
+        threshold_grey=5,
+        overlap=False,
     )
     expected = np.concatenate([_reference(grey, r, 8, 5.0) for r in (1, 2)], axis=1)
     got = layer(_normalised(grey)).numpy()
@@ -56,7 +61,9 @@ def _bars(right: int, left: int) -> torch.Tensor:
 
 
 def test_a_difference_of_exactly_t_sets_the_bit_and_one_grey_level_less_does_not():
-    layer = LtpHistograms(input_size=4, scales_px=(4,), radii_px=(1,), cell_px=2, threshold_grey=8)
+    layer = LtpHistograms(
+        input_size=4, scales_px=(4,), radii_px=(1,), cell_px=2, threshold_grey=8, overlap=False
+    )
     # the 2×2 interior is one cell. With 108 on the right (c + t): pixel (1,2) sees it at bits 0
     # (right) and 1 (down-right), pixel (2,2) at bits 0 and 7 (up-right); with 92 on the left
     # (c − t): pixel (1,1) has lower bits 4 (left) and 3 (down-left), pixel (2,1) bits 4 and 5
@@ -68,7 +75,21 @@ def test_a_difference_of_exactly_t_sets_the_bit_and_one_grey_level_less_does_not
     hist = layer(_bars(107, 93)).numpy().reshape(2, 59) ** 2 * 4
     np.testing.assert_allclose(hist, 4 * np.eye(59)[[UNIFORM_BIN[0]] * 2], atol=1e-5)
     with pytest.raises(ValueError, match="does not fit"):
-        LtpHistograms(input_size=3, scales_px=(3,), radii_px=(1,), cell_px=2)
+        LtpHistograms(input_size=3, scales_px=(3,), radii_px=(1,), cell_px=2, overlap=False)
+
+
+def test_overlapping_cells_equal_the_numpy_grid_every_half_cell():
+    from partialfc.models.lbp import LbpGrid, lbp_histograms
+
+    rng = np.random.default_rng(4)
+    grey = rng.integers(0, 256, (2, 40, 40)).astype(np.uint8)
+    layer = LtpHistograms(input_size=40, scales_px=(40,), radii_px=(1,), cell_px=8)
+    # interior 38 px: nine 4-px half-cells (36 px) centred at offset 1, so 8 cells a row;
+    # LbpGrid counts cells from the top-left, so its image is cropped by that offset
+    expected = lbp_histograms(grey[:, 1:, 1:], LbpGrid((39,), (1,), 8, 4, 8.0))
+    got = layer(_normalised(grey)).numpy()
+    assert got.shape == expected.shape == (2, 2 * 8 * 8 * 59)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
 def test_area_resampling_matches_opencv_inter_area():
@@ -87,6 +108,7 @@ def test_mirror_image_histograms_are_the_stated_permutation():
     rng = np.random.default_rng(2)
     grey = rng.integers(0, 256, (4, 48, 48)).astype(np.uint8)
     layer = LtpHistograms(input_size=48, scales_px=(48, 24), radii_px=(1, 2), cell_px=8)
+    assert layer.overlap  # the default, the harder case: cells straddle the centre line
     h = layer(_normalised(grey))
     mirrored = layer(_normalised(np.ascontiguousarray(grey[:, :, ::-1])))
     perm = layer.mirror_permutation()
@@ -96,9 +118,14 @@ def test_mirror_image_histograms_are_the_stated_permutation():
 
 
 def test_default_dimension_and_refusals():
-    assert LtpHistograms().output_dim == 2 * 59 * (7 * 7 + 7 * 7 + 3 * 3 + 3 * 3) == 13_688
+    # 12-px cells every 6 px: 15, 15, 7 and 7 half-cells a row at (side, radius) = (96, 1),
+    # (96, 2), (48, 1), (48, 2), so one cell fewer a row
+    assert LtpHistograms().output_dim == 2 * 59 * (14 * 14 + 14 * 14 + 6 * 6 + 6 * 6) == 54_752
+    assert LtpHistograms(overlap=False).output_dim == 2 * 59 * (7 * 7 * 2 + 3 * 3 * 2) == 13_688
     with pytest.raises(ValueError, match="even"):
-        LtpHistograms(cell_px=11)
+        LtpHistograms(cell_px=11, overlap=False)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        LtpHistograms(cell_px=10)
     with pytest.raises(ValueError, match="threshold"):
         LtpHistograms(threshold_grey=0)
     with pytest.raises(ValueError, match="exceeds"):

@@ -124,6 +124,8 @@ def save_onnx(model: nn.Module, spec: PreprocessingSpec, path: Path, opset: int 
     if written != opset:
         raise ValueError(f"the exporter wrote opset {written}, not the requested {opset}")
     proto.ir_version = onnx.helper.find_min_ir_version_for(list(proto.opset_import))
+    for node in proto.graph.node:  # the exporter's debug notes (stack traces): not for running
+        del node.metadata_props[:]
     onnx.checker.check_model(proto)
     for key, value in (
         (METADATA_KEY, spec.to_json()),

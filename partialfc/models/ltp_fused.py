@@ -81,7 +81,9 @@ class LtpFusedEmbedding(nn.Module):
         blocks = len(self.cell_blocks)
         self.register_buffer("cell_mean", torch.zeros(blocks, NUM_LBP_BINS))
         self.register_buffer("cell_basis", torch.zeros(blocks, NUM_LBP_BINS, self.cell_components))
-        self.register_buffer("mirror", histograms.mirror_permutation(), persistent=False)
+        # int32: half the bytes of int64 in an export
+        mirror = histograms.mirror_permutation().int()
+        self.register_buffer("mirror", mirror, persistent=False)
         dim = sum(self.cell_blocks) * self.cell_components
         self.register_buffer("ltp_weight", torch.tensor(float(ltp_weight)))
         self.register_buffer("projection_int8", torch.zeros(dim, num_components, dtype=torch.int8))
@@ -91,7 +93,7 @@ class LtpFusedEmbedding(nn.Module):
     def cell_features(self, images: torch.Tensor) -> torch.Tensor:
         """``c(h(x) + h(mirror(x)))``: every cell's flip-summed histograms in the block's basis."""
         h = self.histograms(images)
-        h = h + h[:, self.mirror]
+        h = h + h[:, self.mirror.long()]
         parts, start = [], 0
         for block, cells in enumerate(self.cell_blocks):
             cell_bins = h[:, start : start + cells * NUM_LBP_BINS].reshape(-1, cells, NUM_LBP_BINS)
@@ -142,7 +144,7 @@ class LtpFusedEmbedding(nn.Module):
         chunks = []
         for start in range(0, len(images), batch_size):
             h = self.histograms(images[start : start + batch_size].float())
-            chunks.append((h + h[:, self.mirror]).double())
+            chunks.append((h + h[:, self.mirror.long()]).double())
         h = torch.cat(chunks)
         start = 0
         for block, cells in enumerate(self.cell_blocks):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from partialfc.models.lbp import _NEIGHBOURS, NUM_LBP_BINS, UNIFORM_BIN
@@ -105,11 +104,6 @@ class LtpHistograms(nn.Module):
         # histograms are counted over bins of side `step` (half-cells with overlap)
         self.step_px = self.cell_px // 2 if self.overlap else self.cell_px
         self.register_buffer("uniform_bin", torch.from_numpy(UNIFORM_BIN.copy()), persistent=False)
-        self.register_buffer(
-            "powers",
-            torch.tensor([float(1 << p) for p in range(8)]).view(1, 8, 1, 1),
-            persistent=False,
-        )
         self.blocks: list[tuple[int, int, int]] = []  # (side, radius, counting bins a row)
         for side in self.scales_px:
             if side > self.input_size:
@@ -123,7 +117,6 @@ class LtpHistograms(nn.Module):
                 if cells - self.overlap < 1:
                     raise ValueError(f"a {self.cell_px}-px cell does not fit at side {side}")
                 self.blocks.append((side, radius, cells))
-                self.register_buffer(f"ring_{radius}", self._ring_kernel(radius), persistent=False)
                 self.register_buffer(
                     f"cell_index_{side}_{radius}",
                     self._cell_index(interior, cells),
@@ -135,14 +128,21 @@ class LtpHistograms(nn.Module):
         """Cells a row of each (side, radius) block, in output order."""
         return [bins - self.overlap for _, _, bins in self.blocks]
 
-    @staticmethod
-    def _ring_kernel(radius: int) -> torch.Tensor:
-        """``(8, 1, 2r+1, 2r+1)``: output channel ``p`` = neighbour ``p`` − centre."""
-        kernel = torch.zeros(8, 1, 2 * radius + 1, 2 * radius + 1)
+    def _codes(self, grey: torch.Tensor, radius: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Upper and lower 8-bit codes ``(N, h, w)`` (float) of the interior of ``(N, H, W)``
+        grey levels at ``radius`` (slices of the image: cheaper in ONNX Runtime than an
+        8-channel convolution)."""
+        height, width = grey.shape[-2:]
+        r, t = radius, self.threshold_grey - 7.0 / 16.0
+        centre = grey[:, r : height - r, r : width - r]
+        upper = lower = torch.zeros_like(centre)
         for p, (dy, dx) in enumerate(_NEIGHBOURS):
-            kernel[p, 0, radius + dy * radius, radius + dx * radius] += 1.0
-            kernel[p, 0, radius, radius] -= 1.0
-        return kernel
+            rows = slice(r + dy * r, height - r + dy * r)
+            cols = slice(r + dx * r, width - r + dx * r)
+            diff = grey[:, rows, cols] - centre
+            upper = upper + (diff >= t).to(grey.dtype) * float(1 << p)
+            lower = lower + (diff <= -t).to(grey.dtype) * float(1 << p)
+        return upper, lower
 
     def _cell_index(self, interior: int, cells: int) -> torch.Tensor:
         """``(interior²,)``: first histogram slot of each interior pixel's counting bin (a
@@ -155,29 +155,23 @@ class LtpHistograms(nn.Module):
         y, x = cell.view(-1, 1), cell.view(1, -1)
         outside = torch.full_like(y * x, cells * cells)
         index = torch.where((y >= 0) & (x >= 0), y * cells + x, outside)
-        return (index * NUM_LBP_BINS).flatten()
+        return (index * NUM_LBP_BINS).flatten().int()  # int32: half the bytes in an export
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         grey = (images * self.std + self.mean) * 255.0
-        n, t = images.shape[0], self.threshold_grey - 7.0 / 16.0
+        n = images.shape[0]
         parts = []
         for side, radius, cells in self.blocks:
             scaled = grey
             if side != self.input_size:
                 resize = getattr(self, f"resize_{side}")
                 scaled = resize @ grey @ resize.T
-            diff = F.conv2d(scaled, getattr(self, f"ring_{radius}"))  # (N, 8, h, w)
-            upper = ((diff >= t).float() * self.powers).sum(1)
-            lower = ((diff <= -t).float() * self.powers).sum(1)
+            upper, lower = self._codes(scaled[:, 0], radius)
             slots = (cells * cells + 1) * NUM_LBP_BINS
-            base = getattr(self, f"cell_index_{side}_{radius}")
-            index = torch.cat(
-                [
-                    self.uniform_bin[upper.long()].flatten(1) + base,
-                    self.uniform_bin[lower.long()].flatten(1) + base + slots,
-                ],
-                dim=1,
-            )
+            base = getattr(self, f"cell_index_{side}_{radius}").long()
+            codes = torch.stack([upper, lower], dim=1).flatten().long()  # (N · 2 · h · w,)
+            bins = torch.index_select(self.uniform_bin, 0, codes).view(n, -1)
+            index = bins + torch.cat([base, base + slots])
             counts = torch.zeros(n, 2 * slots, dtype=grey.dtype, device=grey.device)
             counts = counts.scatter_add(1, index, torch.ones_like(index, dtype=grey.dtype))
             counts = counts.view(n, 2, slots)[:, :, : cells * cells * NUM_LBP_BINS]

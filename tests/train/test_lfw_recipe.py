@@ -156,7 +156,7 @@ def test_the_recipe_lbp_keys_set_the_embedder():
     assert recipe_mod.lbp_embedder(recipe).grid.ternary_threshold == 0.0
 
 
-@pytest.mark.parametrize("preset", ["", "_bf16", "_fused"])
+@pytest.mark.parametrize("preset", ["", "_bf16", "_fused", "_onefile"])
 def test_each_final_preset_is_its_validation_preset_on_every_development_person(preset):
     """A final model is retrained with the recipe chosen on folds 4-5: only the folds, the
     export, the run name and the thread count (rounding, not the recipe) may differ; a key

@@ -46,6 +46,11 @@ def test_the_recorded_runs_are_the_recipe_tables(curve):
     preset = groups["preset (48x48, 40 epochs, fp32)"]
     assert 100 * preset.mean == pytest.approx(83.91, abs=0.006)
     assert 100 * preset.sd == pytest.approx(1.07, abs=0.006)
+    # docs/face_recipe.md, "One network: the descriptor inside the graph"
+    one = groups["one network: iresnet_tiny + LTP in one graph (lfw_dev_val_onefile.yaml)"]
+    assert one.seeds == (0, 1) and by_label[one.label] == [90.89, 89.90]
+    assert 100 * one.mean == pytest.approx(90.40, abs=0.006)
+    assert 100 * one.sd == pytest.approx(0.70, abs=0.006)
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,9 @@ class LtpFusedEmbedding(nn.Module):
         self.input_size = (histograms.input_size, histograms.input_size)
         self.in_channels = 1
         if net_side != histograms.input_size:
-            resize = torch.from_numpy(area_resize_matrix(histograms.input_size, net_side)).float()
+            resize = torch.tensor(
+                area_resize_matrix(histograms.input_size, net_side), dtype=torch.float32
+            )
             self.register_buffer("net_resize", resize, persistent=False)
         self.cell_components = int(cell_components) or NUM_LBP_BINS
         # (cells, first output column) of each (side, radius, code) block of h

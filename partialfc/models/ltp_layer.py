@@ -103,13 +103,15 @@ class LtpHistograms(nn.Module):
         self.overlap = bool(overlap)
         # histograms are counted over bins of side `step` (half-cells with overlap)
         self.step_px = self.cell_px // 2 if self.overlap else self.cell_px
-        self.register_buffer("uniform_bin", torch.from_numpy(UNIFORM_BIN.copy()), persistent=False)
+        self.register_buffer("uniform_bin", torch.tensor(UNIFORM_BIN), persistent=False)
         self.blocks: list[tuple[int, int, int]] = []  # (side, radius, counting bins a row)
         for side in self.scales_px:
             if side > self.input_size:
                 raise ValueError(f"side {side} exceeds the input size {self.input_size}")
             if side != self.input_size:
-                resize = torch.from_numpy(area_resize_matrix(self.input_size, side)).float()
+                resize = torch.tensor(
+                    area_resize_matrix(self.input_size, side), dtype=torch.float32
+                )
                 self.register_buffer(f"resize_{side}", resize, persistent=False)
             for radius in self.radii_px:
                 interior = side - 2 * radius
@@ -184,7 +186,7 @@ class LtpHistograms(nn.Module):
     def mirror_permutation(self) -> torch.Tensor:
         """``(D,)`` long ``π`` with ``self(mirror(x)) = self(x)[:, π]``: cells reflected left to
         right, bins through the mirrored neighbour ring."""
-        mirror_bin = torch.from_numpy(_mirror_bin_table())
+        mirror_bin = torch.tensor(_mirror_bin_table())
         parts, start = [], 0
         for cells in self.cells_per_row():
             for _code in range(2):

@@ -5,8 +5,10 @@ the LFW recipe writes it) and, optionally, a fused model's descriptor (``lbp_wcc
 
 * the size of every file a deployment needs (``backbone.onnx``, the descriptor);
 * milliseconds per face for the network with the flip test (the face and its mirror, two
-  ONNX runs through onnxruntime), for the descriptor (one call, which averages the face's and
-  its mirror's histograms when the descriptor was fitted that way) and for both together;
+  ONNX runs through onnxruntime; one run for a network whose graph embeds the mirror itself,
+  ``partialfc.models.ltp_fused.FLIP_TEST_IN_GRAPH``), for the descriptor (one call, which
+  averages the face's and its mirror's histograms when the descriptor was fitted that way) and
+  for both together;
   best of ``--repeat`` passes over ``--faces`` faces in batches of ``--batch``, after one
   warm-up pass, at ``--threads`` compute threads (onnxruntime's intra-op pool, torch and the
   BLAS libraries).
@@ -88,15 +90,20 @@ def measure(export: Path, lbp: Path | None, faces: int, batch: int, repeat: int,
     size = tuple(embedder.spec.input_size)
     crops = np.random.default_rng(0).integers(0, 256, (faces, CROP_SIZE, CROP_SIZE), np.uint8)
 
+    from partialfc.models.ltp_fused import FLIP_TEST_IN_GRAPH
+
+    in_graph = embedder.spec.model_name in FLIP_TEST_IN_GRAPH
+
     def network(b):
         x = resize_images(b, size)
-        for view in (x, x[:, :, ::-1]):
+        for view in (x,) if in_graph else (x, x[:, :, ::-1]):
             session.run(None, {input_name: embedder.spec.preprocess(np.ascontiguousarray(view))})
 
     result = {
         "export": str(export),
         "backbone_onnx_bytes": onnx_path.stat().st_size,
         "network_input": list(size),
+        "flip_test_in_graph": in_graph,
         "network_with_flip_ms_per_face": round(_best_ms_per_face(network, crops, batch, repeat), 3),
     }
     total_bytes = onnx_path.stat().st_size

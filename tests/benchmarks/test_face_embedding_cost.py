@@ -50,6 +50,7 @@ def test_network_alone_and_fused(cost, export, tmp_path, capsys):
     result = json.loads(out.read_text())
     onnx_bytes = (folder / "backbone.onnx").stat().st_size
     assert result["threads"] == 1 and result["network_input"] == [32, 32]
+    assert result["flip_test_in_graph"] is False
     assert result["backbone_onnx_bytes"] == onnx_bytes
     assert result["descriptor_bytes"] == lbp.stat().st_size
     assert result["deployed_bytes"] == onnx_bytes + lbp.stat().st_size
@@ -71,3 +72,30 @@ def test_bad_arguments_are_refused(cost, export, tmp_path, capsys):
         cost.main(["--export", str(folder), "--threads", "0"])
     assert cost.main(["--export", str(tmp_path), "--faces", "2"]) == 2
     assert f"{tmp_path}: no backbone.onnx" in capsys.readouterr().err
+
+
+def test_a_network_with_its_flip_test_in_the_graph_runs_once_a_batch(
+    cost, tmp_path, capsys, monkeypatch
+):
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    kwargs = {"embedding_dim": 256 + 4, "input_size": 96, "in_channels": 1}
+    model = build_model("iresnet_tiny_ltp", **kwargs).eval()
+    faces = np.random.default_rng(1).integers(0, 256, (12, 1, 96, 96)) / 127.5 - 1
+    model.fit_texture(torch.from_numpy(faces).float(), np.repeat(np.arange(4), 3))
+    spec = PreprocessingSpec("iresnet_tiny_ltp", kwargs, 260, (96, 96), 1, "GREY", (0.5,), (0.5,))
+    export_backbone(model, spec, tmp_path / "one")
+    runs = []
+    real_run = ort.InferenceSession.run
+
+    def counted(self, *args, **kw):
+        runs.append(1)
+        return real_run(self, *args, **kw)
+
+    monkeypatch.setattr(ort.InferenceSession, "run", counted)
+    args = ["--export", str(tmp_path / "one"), "--faces", "6", "--batch", "4", "--repeat", "1"]
+    assert cost.main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["flip_test_in_graph"] is True and result["network_input"] == [96, 96]
+    assert len(runs) == 4  # (warm-up + 1 timed pass) × 2 batches, one run each: no mirror run

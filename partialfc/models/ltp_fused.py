@@ -30,7 +30,6 @@ from torch import nn
 from partialfc.models.lbp import NUM_LBP_BINS
 from partialfc.models.ltp_layer import LtpHistograms, area_resize_matrix
 
-
 # registry names whose graph already embeds the mirror image (flip test inside the network)
 FLIP_TEST_IN_GRAPH = ("iresnet_tiny_ltp",)
 

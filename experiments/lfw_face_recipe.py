@@ -1056,15 +1056,11 @@ def whitened_run(path, split: LfwSplit, recipe: RecipeConfig):
 
     backbone, _ = load_backbone_from_checkpoint(path)
     if recipe.whiten:
-        from partialfc.models.common import fold_linear_map
+        from partialfc.models.common import as_hw, fold_linear_map
 
-        size = (
-            backbone.input_size[0]
-            if isinstance(backbone.input_size, tuple)
-            else backbone.input_size
-        )
+        size, _ = as_hw(backbone.input_size)
         whitening = fit_whitening(
-            lambda images: embed_array(backbone, images, 256), split, recipe, int(size)
+            lambda images: embed_array(backbone, images, 256), split, recipe, size
         )
         backbone = fold_linear_map(backbone, whitening.projection)
     return fit_ltp_fused(backbone, split, recipe)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from partialfc.models.common import as_hw
 from partialfc.models.lbp import NUM_LBP_BINS
 from partialfc.models.ltp_layer import LtpHistograms, area_resize_matrix
 
@@ -206,9 +207,7 @@ def iresnet_tiny_ltp(
 
 def _side(size) -> int:
     """The side of a square input size given as an int or an ``(H, W)`` pair."""
-    if isinstance(size, int):
-        return size
-    height, width = (int(v) for v in size)
+    height, width = as_hw(size)
     if height != width:
         raise ValueError(f"square inputs only, got {height}x{width}")
     return height

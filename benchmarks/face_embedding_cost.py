@@ -9,6 +9,9 @@ the LFW recipe writes it) and, optionally, a fused model's descriptor (``lbp_wcc
   ``partialfc.models.ltp_fused.FLIP_TEST_IN_GRAPH``), for the descriptor (one call, which
   averages the face's and its mirror's histograms when the descriptor was fitted that way) and
   for both together;
+* with ``--baseline OTHER_EXPORT``, the same network timing of another export in the same
+  passes (alternating with the first, so that both see the same moments of a shared machine)
+  and the ratio of the two;
   best of ``--repeat`` passes over ``--faces`` faces in batches of ``--batch``, after one
   warm-up pass, at ``--threads`` compute threads (onnxruntime's intra-op pool, torch and the
   BLAS libraries).
@@ -39,19 +42,22 @@ def _limit_threads(threads: int) -> None:
         os.environ[name] = str(threads)
 
 
-def _best_ms_per_face(fn, faces, batch: int, repeat: int) -> float:
-    """Best of ``repeat`` timed passes (after one warm-up pass) of ``fn`` over ``faces`` in
-    batches of ``batch``, in milliseconds per face."""
+def _best_ms_per_face(fns, faces, batch: int, repeat: int) -> list[float]:
+    """For each of ``fns``: best of ``repeat`` timed passes (after one warm-up pass) over
+    ``faces`` in batches of ``batch``, in milliseconds per face; the passes of the functions
+    alternate, so that a slower or faster moment of a shared machine falls on all of them."""
     batches = [faces[i : i + batch] for i in range(0, len(faces), batch)]
-    for b in batches:
-        fn(b)
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
+    for fn in fns:
         for b in batches:
             fn(b)
-        best = min(best, time.perf_counter() - start)
-    return 1000.0 * best / len(faces)
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for k, fn in enumerate(fns):
+            start = time.perf_counter()
+            for b in batches:
+                fn(b)
+            best[k] = min(best[k], time.perf_counter() - start)
+    return [1000.0 * t / len(faces) for t in best]
 
 
 def _cpu() -> dict:
@@ -69,15 +75,16 @@ def _cpu() -> dict:
     return {"model": model, "cores": os.cpu_count(), "flags": kinds}
 
 
-def measure(export: Path, lbp: Path | None, faces: int, batch: int, repeat: int, threads: int):
+def _network_runner(export: Path, threads: int):
+    """``(run(batch of crops), facts)`` for the network of an export folder, flip test
+    included (two onnxruntime runs, or one for a graph that embeds the mirror itself)."""
     import numpy as np
     import onnxruntime as ort
-    import torch
 
     from partialfc.backbone.embedder import Embedder
     from partialfc.eval import resize_images
+    from partialfc.models.ltp_fused import FLIP_TEST_IN_GRAPH
 
-    torch.set_num_threads(threads)
     onnx_path = export / "backbone.onnx"
     if not onnx_path.is_file():
         raise FileNotFoundError(f"{export}: no backbone.onnx (an export folder is expected)")
@@ -88,10 +95,6 @@ def measure(export: Path, lbp: Path | None, faces: int, batch: int, repeat: int,
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
     size = tuple(embedder.spec.input_size)
-    crops = np.random.default_rng(0).integers(0, 256, (faces, CROP_SIZE, CROP_SIZE), np.uint8)
-
-    from partialfc.models.ltp_fused import FLIP_TEST_IN_GRAPH
-
     in_graph = embedder.spec.model_name in FLIP_TEST_IN_GRAPH
 
     def network(b):
@@ -99,19 +102,48 @@ def measure(export: Path, lbp: Path | None, faces: int, batch: int, repeat: int,
         for view in (x,) if in_graph else (x, x[:, :, ::-1]):
             session.run(None, {input_name: embedder.spec.preprocess(np.ascontiguousarray(view))})
 
-    result = {
+    facts = {
         "export": str(export),
         "backbone_onnx_bytes": onnx_path.stat().st_size,
         "network_input": list(size),
         "flip_test_in_graph": in_graph,
-        "network_with_flip_ms_per_face": round(_best_ms_per_face(network, crops, batch, repeat), 3),
     }
-    total_bytes = onnx_path.stat().st_size
+    return network, facts
+
+
+def measure(
+    export: Path,
+    lbp: Path | None,
+    faces: int,
+    batch: int,
+    repeat: int,
+    threads: int,
+    baseline: Path | None = None,
+):
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(threads)
+    network, result = _network_runner(export, threads)
+    crops = np.random.default_rng(0).integers(0, 256, (faces, CROP_SIZE, CROP_SIZE), np.uint8)
+    runners = [network]
+    if baseline is not None:
+        baseline_network, baseline_facts = _network_runner(baseline, threads)
+        runners.append(baseline_network)
+    costs = _best_ms_per_face(runners, crops, batch, repeat)
+    result["network_with_flip_ms_per_face"] = round(costs[0], 3)
+    if baseline is not None:
+        result["baseline"] = {
+            **baseline_facts,
+            "network_with_flip_ms_per_face": round(costs[1], 3),
+        }
+        result["baseline_ms_over_export_ms"] = round(costs[1] / costs[0], 3)
+    total_bytes = result["backbone_onnx_bytes"]
     if lbp is not None:
         from partialfc.models.lbp import LbpWccnEmbedder
 
         descriptor = LbpWccnEmbedder.load(lbp)  # one call: the face and, with .flip, its mirror
-        cost = _best_ms_per_face(descriptor, crops, batch, repeat)
+        (cost,) = _best_ms_per_face([descriptor], crops, batch, repeat)
         result["descriptor"] = str(lbp)
         result["descriptor_bytes"] = lbp.stat().st_size
         result["descriptor_mirror_averaged"] = descriptor.flip
@@ -130,6 +162,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=50, help="faces a call; default 50")
     parser.add_argument("--repeat", type=int, default=3, help="timed passes; default 3")
     parser.add_argument("--threads", type=int, default=1, help="default 1")
+    parser.add_argument(
+        "--baseline",
+        help="another export folder whose network is timed in the same passes, alternating "
+        "with --export's (e.g. the same weights from another exporter): reports both and "
+        "their ratio",
+    )
     parser.add_argument("--out", help="JSON file to write (default: print only)")
     args = parser.parse_args(argv)
     for name in ("faces", "batch", "repeat", "threads"):
@@ -141,7 +179,13 @@ def main(argv=None) -> int:
     _limit_threads(args.threads)
     try:
         measured = measure(
-            Path(args.export), lbp, args.faces, args.batch, args.repeat, args.threads
+            Path(args.export),
+            lbp,
+            args.faces,
+            args.batch,
+            args.repeat,
+            args.threads,
+            Path(args.baseline) if args.baseline else None,
         )
     except (ValueError, FileNotFoundError) as err:
         print(f"face_embedding_cost: {err}", file=sys.stderr)

@@ -99,3 +99,34 @@ def test_a_network_with_its_flip_test_in_the_graph_runs_once_a_batch(
     result = json.loads(capsys.readouterr().out)
     assert result["flip_test_in_graph"] is True and result["network_input"] == [96, 96]
     assert len(runs) == 4  # (warm-up + 1 timed pass) × 2 batches, one run each: no mirror run
+
+
+def test_a_baseline_is_timed_in_the_same_passes_alternating(cost, export, tmp_path, monkeypatch):
+    folder, _ = export
+    order = []
+    real = cost._network_runner
+
+    def tagged(path, threads):  # record which export each timed call ran
+        run, facts = real(path, threads)
+
+        def tagged_run(b):
+            order.append(path.name)
+            run(b)
+
+        return tagged_run, facts
+
+    monkeypatch.setattr(cost, "_network_runner", tagged)
+    import shutil
+
+    shutil.copytree(folder, tmp_path / "other")
+    out = tmp_path / "cost.json"
+    args = ["--export", str(folder), "--baseline", str(tmp_path / "other"), "--faces", "4"]
+    assert cost.main([*args, "--batch", "4", "--repeat", "3", "--out", str(out)]) == 0
+    # one warm-up each, then three passes alternating (one batch a pass)
+    assert order == ["export", "other"] * 4
+    result = json.loads(out.read_text())
+    base = result["baseline"]
+    assert base["export"] == str(tmp_path / "other")
+    assert base["backbone_onnx_bytes"] == result["backbone_onnx_bytes"]
+    ratio = base["network_with_flip_ms_per_face"] / result["network_with_flip_ms_per_face"]
+    assert result["baseline_ms_over_export_ms"] == pytest.approx(ratio, rel=2e-3)

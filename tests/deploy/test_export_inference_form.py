@@ -34,7 +34,9 @@ def test_prelu_as_relu_is_prelu(shape, num_parameters):
 
 
 def test_inference_form_replaces_every_prelu_and_leaves_the_model_alone():
-    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.PReLU(4), nn.Sequential(nn.Conv2d(4, 4, 1), nn.PReLU()))
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.PReLU(4), nn.Sequential(nn.Conv2d(4, 4, 1), nn.PReLU())
+    )
     before = state_sha256(model.state_dict())
     converted = inference_form(model)
     assert sum(isinstance(m, nn.PReLU) for m in model.modules()) == 2

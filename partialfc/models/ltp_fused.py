@@ -29,7 +29,7 @@ from torch import nn
 
 from partialfc.models.common import as_hw
 from partialfc.models.lbp import NUM_LBP_BINS
-from partialfc.models.ltp_layer import LtpHistograms, area_resize_matrix
+from partialfc.models.ltp_layer import LtpHistograms, area_resize_matrix, mirror_bin_table
 
 # registry names whose graph already embeds the mirror image (flip test inside the network)
 FLIP_TEST_IN_GRAPH = ("iresnet_tiny_ltp",)
@@ -83,13 +83,16 @@ class LtpFusedEmbedding(nn.Module):
             self.register_buffer("net_resize", resize, persistent=False)
         self.cell_components = int(cell_components) or NUM_LBP_BINS
         # (cells, first output column) of each (side, radius, code) block of h
-        self.cell_blocks = [c * c for c in histograms.cells_per_row() for _code in range(2)]
+        self.cells_per_row = [c for c in histograms.cells_per_row() for _code in range(2)]
+        self.cell_blocks = [c * c for c in self.cells_per_row]
         blocks = len(self.cell_blocks)
         self.register_buffer("cell_mean", torch.zeros(blocks, NUM_LBP_BINS))
         self.register_buffer("cell_basis", torch.zeros(blocks, NUM_LBP_BINS, self.cell_components))
         # int32: half the bytes of int64 in an export
         mirror = histograms.mirror_permutation().int()
         self.register_buffer("mirror", mirror, persistent=False)
+        mirror_bin = torch.from_numpy(mirror_bin_table())
+        self.register_buffer("mirror_bin", mirror_bin, persistent=False)
         dim = sum(self.cell_blocks) * self.cell_components
         self.register_buffer("ltp_weight", torch.tensor(float(ltp_weight)))
         self.register_buffer("projection_int8", torch.zeros(dim, num_components, dtype=torch.int8))
@@ -97,12 +100,29 @@ class LtpFusedEmbedding(nn.Module):
         self.register_buffer("bias", torch.zeros(num_components))
 
     def cell_features(self, images: torch.Tensor) -> torch.Tensor:
-        """``c(h(x) + h(mirror(x)))``: every cell's flip-summed histograms in the block's basis."""
+        """``c(h(x) + h(mirror(x)))``: every cell's flip-summed histograms in the block's basis.
+
+        Computed as ``c(h) + c(h ∘ mirror)`` with the mirror taken after the reduction: the
+        mirrored histograms of a cell are the reflected cell's with bins permuted, so their
+        projection is the reflected cell's on the basis with rows permuted (a gather of 16
+        numbers a cell instead of all 59 bins of every cell)."""
         h = self.histograms(images)
-        return self._reduce_cells(h + h[:, self.mirror.long()])
+        parts, start = [], 0
+        for block, per_row in enumerate(self.cells_per_row):
+            cells = per_row * per_row
+            cell_bins = h[:, start : start + cells * NUM_LBP_BINS].reshape(-1, cells, NUM_LBP_BINS)
+            start += cells * NUM_LBP_BINS
+            basis = self.cell_basis[block]
+            both = cell_bins @ torch.cat([basis, basis[self.mirror_bin]], dim=1)
+            direct, of_mirror = both.split(basis.shape[1], dim=2)
+            # reflect the cell grid left to right: cell (y, x) takes cell (y, cells - 1 - x)
+            of_mirror = of_mirror.reshape(-1, per_row, per_row, basis.shape[1]).flip(2)
+            reduced = direct + of_mirror.reshape(direct.shape) - self.cell_mean[block] @ basis
+            parts.append(reduced.flatten(1))
+        return torch.cat(parts, dim=1)
 
     def _reduce_cells(self, h: torch.Tensor) -> torch.Tensor:
-        """``c(h)`` of flip-summed histograms ``h``."""
+        """``c(h)`` of flip-summed histograms ``h`` (the fit's form of :meth:`cell_features`)."""
         parts, start = [], 0
         for block, cells in enumerate(self.cell_blocks):
             cell_bins = h[:, start : start + cells * NUM_LBP_BINS].reshape(-1, cells, NUM_LBP_BINS)

@@ -48,7 +48,7 @@ def area_resize_matrix(source_px: int, target_px: int) -> np.ndarray:
     return matrix / ratio
 
 
-def _mirror_bin_table() -> np.ndarray:
+def mirror_bin_table() -> np.ndarray:
     """``(59,)``: the uniform bin of a code's mirror image (neighbour ``(dy, dx)`` becomes
     ``(dy, −dx)``)."""
     mirror_bit = [_NEIGHBOURS.index((dy, -dx)) for dy, dx in _NEIGHBOURS]
@@ -172,7 +172,9 @@ class LtpHistograms(nn.Module):
             slots = (cells * cells + 1) * NUM_LBP_BINS
             base = getattr(self, f"cell_index_{side}_{radius}").long()
             codes = torch.stack([upper, lower], dim=1).flatten().long()  # (N · 2 · h · w,)
-            bins = torch.index_select(self.uniform_bin, 0, codes).view(n, -1)
+            # a gather along an axis of the (1, 256) table: onnxruntime's GatherElements, a
+            # tight loop, where an index_select (Gather) copies every element on its own
+            bins = torch.gather(self.uniform_bin.view(1, -1), 1, codes.view(1, -1)).view(n, -1)
             index = bins + torch.cat([base, base + slots])
             counts = torch.zeros(n, 2 * slots, dtype=grey.dtype, device=grey.device)
             counts = counts.scatter_add(1, index, torch.ones_like(index, dtype=grey.dtype))
@@ -186,7 +188,7 @@ class LtpHistograms(nn.Module):
     def mirror_permutation(self) -> torch.Tensor:
         """``(D,)`` long ``π`` with ``self(mirror(x)) = self(x)[:, π]``: cells reflected left to
         right, bins through the mirrored neighbour ring."""
-        mirror_bin = torch.tensor(_mirror_bin_table())
+        mirror_bin = torch.tensor(mirror_bin_table())
         parts, start = [], 0
         for cells in self.cells_per_row():
             for _code in range(2):

@@ -99,6 +99,30 @@ def test_cosine_is_the_weighted_sum_of_the_network_and_descriptor_cosines():
     np.testing.assert_allclose(np.linalg.norm(out, axis=1), 2.0, rtol=1e-5)  # √(1 + w)
 
 
+def test_cell_features_are_the_reduced_histograms_of_the_face_plus_its_mirror_image():
+    fused, _ = _fitted()
+    # any basis, not only fitted ones (whose axes are each symmetric or antisymmetric under
+    # the bin mirror: random axes mix both)
+    generator = torch.Generator().manual_seed(4)
+    fused.cell_basis.copy_(torch.randn(fused.cell_basis.shape, generator=generator))
+    fused.cell_mean.copy_(torch.rand(fused.cell_mean.shape, generator=generator))
+    faces, _ = _faces(8, 32, seed=3)
+    h = fused.histograms
+    # independent: histograms of the mirrored images (not a permutation), reduced per cell
+    summed = (h(faces) + h(torch.flip(faces, dims=[-1]))).double().numpy()
+    expected, start = [], 0
+    for block, cells in enumerate(fused.cell_blocks):
+        rows = summed[:, start * 59 : (start + cells) * 59].reshape(len(faces), cells, 59)
+        start += cells
+        mean = fused.cell_mean[block].double().numpy()
+        basis = fused.cell_basis[block].double().numpy()
+        expected.append(((rows - mean) @ basis).reshape(len(faces), -1))
+    expected = np.concatenate(expected, axis=1)
+    got = fused.cell_features(faces).double().numpy()
+    assert np.abs(expected).max() > 1.0  # not a comparison of zeros
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
 def test_int8_projection_is_within_half_a_step_of_the_fitted_one():
     fused, train_faces = _fitted()
     features = fused.cell_features(train_faces).double().numpy()

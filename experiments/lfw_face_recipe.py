@@ -779,11 +779,12 @@ def evaluate_ltp_fused(fused, split: LfwSplit, recipe: RecipeConfig) -> dict:
 
 def ltp_fused_spec(fused):
     """The export's :class:`PreprocessingSpec`: grey 96×96 crops in the grey crops' frame,
-    rebuilt by ``build_model("iresnet_tiny_ltp", ...)``."""
+    rebuilt by ``build_model("iresnet_tiny_ltp", ...)`` (``iresnet_tiny_ltp_noflip`` when the
+    network's flip test is off)."""
     from partialfc.deploy import PreprocessingSpec
 
     return PreprocessingSpec(
-        model_name="iresnet_tiny_ltp",
+        model_name="iresnet_tiny_ltp" if fused.flip_test else "iresnet_tiny_ltp_noflip",
         model_kwargs={
             "embedding_dim": fused.embedding_dim,
             "input_size": GREY_SIZE,

@@ -32,7 +32,7 @@ from partialfc.models.iresnet import (
     iresnet_small_narrow,
     iresnet_tiny,
 )
-from partialfc.models.ltp_fused import LtpFusedEmbedding, iresnet_tiny_ltp
+from partialfc.models.ltp_fused import LtpFusedEmbedding, iresnet_tiny_ltp, iresnet_tiny_ltp_noflip
 from partialfc.models.mobilefacenet import MobileFaceNet, mobilefacenet
 from partialfc.models.vit import FaceViT, vit_b, vit_s, vit_t
 
@@ -49,6 +49,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "iresnet_tiny": iresnet_tiny,
     # iresnet_tiny + in-graph LTP descriptor, fused (the LFW one-file preset)
     "iresnet_tiny_ltp": iresnet_tiny_ltp,
+    "iresnet_tiny_ltp_noflip": iresnet_tiny_ltp_noflip,
     "mobilefacenet": mobilefacenet,
     "vit_t": vit_t,
     "vit_s": vit_s,
@@ -116,6 +117,7 @@ __all__ = [
     "iresnet_small_narrow",
     "iresnet_tiny",
     "iresnet_tiny_ltp",
+    "iresnet_tiny_ltp_noflip",
     "mobilefacenet",
     "register_model",
     "vit_b",

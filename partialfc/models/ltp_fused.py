@@ -32,7 +32,7 @@ from partialfc.models.lbp import NUM_LBP_BINS
 from partialfc.models.ltp_layer import LtpHistograms, area_resize_matrix, mirror_bin_table
 
 # registry names whose graph already embeds the mirror image (flip test inside the network)
-FLIP_TEST_IN_GRAPH = ("iresnet_tiny_ltp",)
+FLIP_TEST_IN_GRAPH = ("iresnet_tiny_ltp", "iresnet_tiny_ltp_noflip")
 
 
 class LtpFusedEmbedding(nn.Module):
@@ -223,6 +223,19 @@ def iresnet_tiny_ltp(
     backbone = iresnet_tiny(embedding_dim=256, input_size=64, in_channels=1, dropout=dropout)
     histograms = LtpHistograms(input_size=side, scales_px=(side, side // 2))
     return LtpFusedEmbedding(backbone, histograms, embedding_dim - 256)
+
+
+def iresnet_tiny_ltp_noflip(
+    embedding_dim: int = 1256,
+    input_size: int | tuple[int, int] = 96,
+    in_channels: int = 1,
+    dropout: float = 0.0,
+) -> LtpFusedEmbedding:
+    """:func:`iresnet_tiny_ltp` without the network's flip test (the descriptor still sums the
+    face's and its mirror's histograms, which costs no second pass)."""
+    model = iresnet_tiny_ltp(embedding_dim, input_size, in_channels, dropout)
+    model.flip_test = False
+    return model
 
 
 def _side(size) -> int:

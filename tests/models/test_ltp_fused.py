@@ -163,16 +163,21 @@ def test_refusals():
         build_model("iresnet_tiny_ltp", embedding_dim=256, input_size=96, in_channels=1)
 
 
-def test_export_is_one_onnx_file_that_reloads_through_the_registry(tmp_path):
+@pytest.mark.parametrize(
+    ("name", "flip_test"), [("iresnet_tiny_ltp", True), ("iresnet_tiny_ltp_noflip", False)]
+)
+def test_export_is_one_onnx_file_that_reloads_through_the_registry(tmp_path, name, flip_test):
     from partialfc.deploy import Embedder, PreprocessingSpec, export_backbone
 
     torch.manual_seed(0)
-    model = build_model("iresnet_tiny_ltp", embedding_dim=256 + 16, input_size=96, in_channels=1)
+    kwargs = {"embedding_dim": 256 + 16, "input_size": 96, "in_channels": 1}
+    model = build_model(name, **kwargs)
+    assert model.flip_test is flip_test
     faces, labels = _faces(40, 96, seed=4)
     model.eval().fit_texture(faces, labels)
     spec = PreprocessingSpec(
-        "iresnet_tiny_ltp",
-        {"embedding_dim": 272, "input_size": 96, "in_channels": 1},
+        name,
+        kwargs,
         272,
         (96, 96),
         1,

@@ -138,8 +138,8 @@ def test_output_shape(name, input_size, in_channels):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_model_shares_the_signature_and_records_its_input(name):
-    # iresnet_tiny_ltp's embedding is its 256-d network's and its descriptor's components
-    dim = 256 + 128 if name == "iresnet_tiny_ltp" else 128
+    # the iresnet_tiny_ltp models embed their 256-d network's and their descriptor's components
+    dim = 256 + 128 if name.startswith("iresnet_tiny_ltp") else 128
     model = on_meta(name, embedding_dim=dim, input_size=96, in_channels=1, dropout=0.1)
     assert model.input_size == (96, 96)
     assert model.in_channels == 1

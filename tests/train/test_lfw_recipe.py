@@ -628,3 +628,17 @@ def test_in_graph_fused_run_exports_one_onnx_of_network_and_descriptor(shared_da
     cosines = np.sum(l2_normalize(net) * one[:, :256], axis=1)
     assert (cosines > 0.99).all()
     np.testing.assert_allclose(np.linalg.norm(one[:, 256:], axis=1), np.sqrt(3), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("flip_test", "name"), [(True, "iresnet_tiny_ltp"), (False, "iresnet_tiny_ltp_noflip")]
+)
+def test_one_network_export_names_the_model_that_rebuilds_it(flip_test, name):
+    from partialfc.models import build_model
+
+    fused = build_model("iresnet_tiny_ltp", embedding_dim=256 + 8, input_size=96, in_channels=1)
+    fused.flip_test = flip_test
+    spec = recipe_mod.ltp_fused_spec(fused)
+    assert spec.model_name == name and spec.embedding_dim == 264
+    rebuilt = build_model(spec.model_name, **spec.model_kwargs)
+    assert rebuilt.flip_test is flip_test

@@ -1,0 +1,213 @@
+"""The in-graph LTP descriptor's size budget, cross-validated inside the training folds.
+
+    python -m experiments.lfw_ltp_inner_cv --config configs/lfw_dev_val_onefile.yaml \\
+        --settings 16:380,16:600,8:760 --out benchmarks/results/lfw_ltp_inner_cv.json
+
+A setting ``c:k`` is the texture part of :class:`partialfc.models.ltp_fused.LtpFusedEmbedding`
+with ``c`` dimensions a cell and code and ``k`` components; its int8 projection takes
+``cells · c · k`` bytes of the export. For each training fold ``f`` of the preset
+(``recipe.train_folds``), every setting is fitted (:meth:`LtpFusedEmbedding.fit_texture`, ridge
+``recipe.lbp_regularization``) on the training images of the other training folds, built as the
+recipe builds its training set (grey crops, colour views, people with enough photos), and scored
+all-vs-all on the grey crops of fold ``f``'s people (aligned when the recipe aligns): ROC AUC and
+TAR at FAR = 10⁻³ with the threshold set by the impostors alone. What is scored is the stored
+int8 projection, i.e. what an export runs. The preset's validation folds are never read, so a
+setting chosen here can be reported on them afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from experiments import lfw_face_recipe as recipe_mod
+
+TARGET_FAR = 1e-3
+
+
+@dataclass(frozen=True)
+class Setting:
+    """``cell_components`` dimensions a cell and code, ``components`` after PCA + WCCN."""
+
+    cell_components: int
+    components: int
+
+
+def _settings(text: str) -> list[Setting]:
+    out = []
+    for item in (v for v in text.split(",") if v.strip()):
+        try:
+            cells, components = (int(v) for v in item.split(":"))
+        except ValueError:
+            cells = components = 0
+        if not 1 <= cells <= 59 or components < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated CELL:COMPONENTS with CELL in 1..59 and COMPONENTS "
+                f">= 1, got {item!r}"
+            )
+        out.append(Setting(cells, components))
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one CELL:COMPONENTS setting")
+    return out
+
+
+def held_out_fold(recipe, fold: int) -> tuple[np.ndarray, np.ndarray]:
+    """Grey crops and person labels of every image of fold ``fold``'s people (fold 0: the
+    people in no View 2 pair), aligned when ``recipe.align``."""
+    from partialfc.data.loaders import load_lfw_gray
+
+    part = "extra" if fold == 0 else "dev"
+    images, labels, _, _ = recipe_mod._select_people(
+        load_lfw_gray(recipe_mod.lfw_root(recipe), part=part), [fold]
+    )
+    if recipe.align:
+        images = recipe_mod.align_grey_crops(images)[0]
+    return images, labels
+
+
+def fit_setting(setting: Setting, split, recipe):
+    """The texture part of a one-network model of ``setting``, fitted on ``split``'s training
+    images with the recipe's threshold and ridge."""
+    from partialfc.models.iresnet import iresnet_tiny
+    from partialfc.models.ltp_fused import LtpFusedEmbedding
+    from partialfc.models.ltp_layer import LtpHistograms
+
+    side = recipe_mod.GREY_SIZE
+    histograms = LtpHistograms(side, (side, side // 2), threshold_grey=recipe.lbp_ternary_threshold)
+    # the network part is not scored here: any backbone of the right input size will do
+    backbone = iresnet_tiny(embedding_dim=8, input_size=64, in_channels=1)
+    model = LtpFusedEmbedding(
+        backbone,
+        histograms,
+        setting.components,
+        recipe.lbp_weight,
+        cell_components=setting.cell_components,
+    ).eval()
+    images = recipe_mod.normalised_faces(split.train_images)
+    return model.fit_texture(images, split.train_labels, recipe.lbp_regularization)
+
+
+def texture_embeddings(model, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
+    """``e_ltp`` (unnormalised) of uint8 grey crops."""
+    import torch
+
+    faces = recipe_mod.normalised_faces(images)
+    with torch.no_grad():
+        parts = [model.texture(faces[i : i + batch_size]) for i in range(0, len(faces), batch_size)]
+    return torch.cat(parts).numpy().astype(np.float64)
+
+
+def score(embeddings: np.ndarray, labels: np.ndarray) -> dict:
+    """All-vs-all AUC and TAR@FAR = 1e-3 (with its counts) of cosine scores."""
+    from partialfc.eval import l2_normalize, verification_report
+
+    genuine, impostor = recipe_mod._upper_pairs(l2_normalize(embeddings), labels)
+    report = verification_report("all_vs_all", genuine, impostor, fars=(TARGET_FAR,))
+    return recipe_mod._report_dict(report)
+
+
+def run(recipe, settings: list[Setting]) -> dict:
+    """Every (training fold held out, setting) row and each setting's mean over the folds."""
+    folds = sorted(recipe.train_folds)
+    if len(folds) < 2:
+        raise ValueError(f"cross-validation needs two training folds or more, got {folds}")
+    rows, fold_info = [], {}
+    for fold in folds:
+        others = [f for f in folds if f != fold]
+        split = recipe_mod.build_split(replace(recipe, train_folds=others, val_folds=[]))
+        images, labels = held_out_fold(recipe, fold)
+        fold_info[str(fold)] = {
+            "train_folds": others,
+            "train_images": int(len(split.train_images)),
+            "train_people": int(len(split.train_identities)),
+            "held_out_images": int(len(images)),
+            "held_out_people": int(len(np.unique(labels))),
+        }
+        for setting in settings:
+            start = time.perf_counter()
+            model = fit_setting(setting, split, recipe)
+            metrics = score(texture_embeddings(model, images), labels)
+            row = {
+                "held_out_fold": fold,
+                "cell_components": setting.cell_components,
+                "components": setting.components,
+                "projection_bytes": int(model.projection_int8.numel()),
+                "auc": metrics["auc"],
+                f"tar@far={TARGET_FAR:g}": metrics[f"tar@far={TARGET_FAR:g}"],
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+            rows.append(row)
+            print(
+                f"fold {fold} {setting.cell_components}:{setting.components} "
+                f"({row['projection_bytes'] / 1e6:.1f} MB): AUC {row['auc']:.4f}, "
+                f"TAR@1e-3 {row[f'tar@far={TARGET_FAR:g}']['tar']:.3f}",
+                flush=True,
+            )
+    return {"folds": fold_info, "rows": rows, "means": summarise(rows)}
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per setting: the mean over held-out folds of AUC and TAR, and each fold's AUC."""
+    key = f"tar@far={TARGET_FAR:g}"
+    out = []
+    for setting in dict.fromkeys((r["cell_components"], r["components"]) for r in rows):
+        mine = [r for r in rows if (r["cell_components"], r["components"]) == setting]
+        out.append(
+            {
+                "cell_components": setting[0],
+                "components": setting[1],
+                "projection_bytes": mine[0]["projection_bytes"],
+                "mean_auc": float(np.mean([r["auc"] for r in mine])),
+                "mean_tar": float(np.mean([r[key]["tar"] for r in mine])),
+                "auc_per_fold": [r["auc"] for r in mine],
+            }
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="a validation preset with lbp_* keys")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--settings", type=_settings, default=_settings("16:380"), help="CELL:COMPONENTS,..."
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--out", help="write the results to this JSON file")
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    recipe, _ = recipe_mod.load_recipe(args.config, args.set)
+    try:
+        result = run(recipe, args.settings)
+    except ValueError as error:
+        parser.error(str(error))
+    for row in result["means"]:
+        print(
+            f"{row['cell_components']:2d}:{row['components']:<5d} "
+            f"{row['projection_bytes'] / 1e6:5.1f} MB  mean AUC {row['mean_auc']:.4f}  "
+            f"mean TAR@1e-3 {row['mean_tar']:.3f}"
+        )
+    if args.out:
+        result = {
+            "how": __doc__.split("\n\n")[2].replace("\n", " "),
+            "command": "python -m experiments.lfw_ltp_inner_cv " + " ".join(sys.argv[1:]),
+            "config": str(args.config),
+            "overrides": args.set,
+            "threads": args.threads,
+            **result,
+        }
+        recipe_mod._atomic_write_json(Path(args.out), result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

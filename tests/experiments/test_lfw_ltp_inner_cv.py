@@ -1,0 +1,87 @@
+"""Cross-validation of the in-graph descriptor's size inside the training folds (small fits)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from experiments import lfw_face_recipe, lfw_ltp_inner_cv
+from experiments.lfw_face_recipe import load_recipe
+from partialfc.data.loaders import load_lfw_gray
+from tests.train.test_lfw_recipe import REPO
+
+# 12-px cells every 6 px: 14 a row at side 96 and 6 at side 48, two radii, upper and lower codes
+CELLS = (14**2 * 2 + 6**2 * 2) * 2
+
+
+def _small_recipe(shared_data):
+    recipe, _ = load_recipe(
+        REPO / "configs" / "lfw_dev_val_onefile.yaml",
+        [
+            f"recipe.data_root={shared_data / 'lfw_dev'}",
+            "recipe.align=false",
+            "recipe.train_colour_views=false",
+            "recipe.max_train_images=150",
+            "recipe.train_folds=[1,2]",
+        ],
+    )
+    return recipe
+
+
+def test_rows_score_the_held_out_fold_and_never_read_the_validation_folds(shared_data, monkeypatch):
+    recipe = _small_recipe(shared_data)
+    requested = []
+    select = lfw_face_recipe._select_people
+
+    def recording(faces, folds):
+        requested.extend(folds)
+        return select(faces, folds)
+
+    monkeypatch.setattr(lfw_face_recipe, "_select_people", recording)
+    result = lfw_ltp_inner_cv.run(recipe, [lfw_ltp_inner_cv.Setting(4, 8)])
+    assert not set(requested) & {4, 5}
+    assert [(r["held_out_fold"], r["projection_bytes"]) for r in result["rows"]] == [
+        (1, CELLS * 4 * 8),
+        (2, CELLS * 4 * 8),
+    ]
+    assert result["folds"]["1"]["train_folds"] == [2]
+    assert result["folds"]["2"]["train_folds"] == [1]
+
+    # the fold-1 row, recomputed: the same fit, scored by scikit-learn over every pair
+    from sklearn.metrics import roc_auc_score
+
+    split = lfw_face_recipe.build_split(replace(recipe, train_folds=[2], val_folds=[]))
+    model = lfw_ltp_inner_cv.fit_setting(lfw_ltp_inner_cv.Setting(4, 8), split, recipe)
+    images, labels = lfw_ltp_inner_cv.held_out_fold(recipe, 1)
+    dev = load_lfw_gray(lfw_face_recipe.lfw_root(recipe), part="dev")
+    held_out_people = select(dev, [1])[2]
+    assert len(held_out_people) == len(np.unique(labels))
+    assert not set(split.train_identities) & set(held_out_people)
+    e = lfw_ltp_inner_cv.texture_embeddings(model, images)
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    i, j = np.triu_indices(len(e), k=1)
+    expected = roc_auc_score(labels[i] == labels[j], np.sum(e[i] * e[j], axis=1))
+    assert result["rows"][0]["auc"] == pytest.approx(expected, abs=1e-9)
+    mean = result["means"][0]
+    assert mean["mean_auc"] == pytest.approx(np.mean([r["auc"] for r in result["rows"]]))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--settings", "0:5"], "CELL in 1..59"),
+        (["--settings", "60:5"], "CELL in 1..59"),
+        (["--settings", "16"], "CELL:COMPONENTS"),
+        (["--settings", "16:0"], "COMPONENTS >= 1"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--set", "recipe.train_folds=[1]"], "two training folds or more"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        lfw_ltp_inner_cv.main(
+            ["--config", str(REPO / "configs" / "lfw_dev_val_onefile.yaml"), *argv]
+        )
+    assert message in capsys.readouterr().err

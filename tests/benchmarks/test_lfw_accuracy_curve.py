@@ -48,9 +48,9 @@ def test_the_recorded_runs_are_the_recipe_tables(curve):
     assert 100 * preset.sd == pytest.approx(1.07, abs=0.006)
     # docs/face_recipe.md, "One network: the descriptor inside the graph"
     one = groups["one network: iresnet_tiny + LTP in one graph (lfw_dev_val_onefile.yaml)"]
-    assert one.seeds == (0, 1) and by_label[one.label] == [90.89, 89.90]
-    assert 100 * one.mean == pytest.approx(90.40, abs=0.006)
-    assert 100 * one.sd == pytest.approx(0.70, abs=0.006)
+    assert one.seeds == (0, 1, 2) and by_label[one.label] == [90.89, 89.90, 89.64]
+    assert 100 * one.mean == pytest.approx(90.14, abs=0.006)
+    assert 100 * one.sd == pytest.approx(0.66, abs=0.006)
 
 
 @pytest.mark.parametrize(

@@ -175,20 +175,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="a validation preset with lbp_* keys")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
-        "--settings", type=_settings, default=_settings("16:380"), help="CELL:COMPONENTS,..."
+        "--settings",
+        type=_settings,
+        default=_settings("16:380"),
+        help="CELL:COMPONENTS,... (default 16:380, the preset's)",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", help="write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        parser.error(f"--out: the folder of {args.out} does not exist")
     import torch
 
     torch.set_num_threads(args.threads)
-    recipe, _ = recipe_mod.load_recipe(args.config, args.set)
     try:
+        recipe, _ = recipe_mod.load_recipe(args.config, args.set)
         result = run(recipe, args.settings)
-    except ValueError as error:
+    except ValueError as error:  # a bad config, key or setting (ConfigError is one)
         parser.error(str(error))
     for row in result["means"]:
         print(
@@ -199,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         result = {
             "how": __doc__.split("\n\n")[2].replace("\n", " "),
-            "command": "python -m experiments.lfw_ltp_inner_cv " + " ".join(sys.argv[1:]),
+            "command": "python -m experiments.lfw_ltp_inner_cv "
+            + " ".join(sys.argv[1:] if argv is None else argv),
             "config": str(args.config),
             "overrides": args.set,
             "threads": args.threads,

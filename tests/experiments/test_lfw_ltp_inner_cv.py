@@ -77,6 +77,8 @@ def test_rows_score_the_held_out_fold_and_never_read_the_validation_folds(shared
         (["--settings", "16:0"], "COMPONENTS >= 1"),
         (["--threads", "0"], "--threads must be >= 1"),
         (["--set", "recipe.train_folds=[1]"], "two training folds or more"),
+        (["--set", "recipe.no_such_key=1"], "unknown recipe key(s) ['no_such_key']"),
+        (["--out", "/no/such/folder/cv.json"], "--out: the folder of /no/such/folder/cv.json"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(argv, message, capsys):
@@ -85,3 +87,9 @@ def test_bad_arguments_are_refused_by_name(argv, message, capsys):
             ["--config", str(REPO / "configs" / "lfw_dev_val_onefile.yaml"), *argv]
         )
     assert message in capsys.readouterr().err
+
+
+def test_a_missing_config_is_named(capsys):
+    with pytest.raises(SystemExit):
+        lfw_ltp_inner_cv.main(["--config", "no_such_preset.yaml"])
+    assert "config file not found: no_such_preset.yaml" in capsys.readouterr().err

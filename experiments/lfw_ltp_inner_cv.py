@@ -13,6 +13,12 @@ all-vs-all on the grey crops of fold ``f``'s people (aligned when the recipe ali
 TAR at FAR = 10⁻³ with the threshold set by the impostors alone. What is scored is the stored
 int8 projection, i.e. what an export runs. The preset's validation folds are never read, so a
 setting chosen here can be reported on them afterwards.
+
+With ``--side-file-config`` the side-file descriptor of a fused preset
+(:class:`partialfc.models.lbp.LbpWccnEmbedder` with that preset's ``lbp_*`` keys, fitted by
+:func:`experiments.lfw_face_recipe.fit_lbp` on the same training images) is scored on the same
+held-out folds, so that what the in-graph settings give up against it is measured without the
+validation folds too.
 """
 
 from __future__ import annotations
@@ -92,6 +98,23 @@ def fit_setting(setting: Setting, split, recipe):
     return model.fit_texture(images, split.train_labels, recipe.lbp_regularization)
 
 
+def side_file_recipe(recipe, side_config: str | Path):
+    """``recipe`` with the ``lbp_*`` keys (components, ridge, ternary threshold) of the fused
+    preset ``side_config``: every other key, and so the training images, stay ``recipe``'s."""
+    side, _ = recipe_mod.load_recipe(side_config)
+    if side.lbp_weight <= 0 or side.ltp_in_graph:
+        raise ValueError(
+            f"{side_config}: not a side-file preset (needs recipe.lbp_weight > 0 and "
+            "recipe.ltp_in_graph false)"
+        )
+    return replace(
+        recipe,
+        lbp_components=side.lbp_components,
+        lbp_regularization=side.lbp_regularization,
+        lbp_ternary_threshold=side.lbp_ternary_threshold,
+    )
+
+
 def texture_embeddings(model, images: np.ndarray, batch_size: int = 128) -> np.ndarray:
     """``e_ltp`` (unnormalised) of uint8 grey crops."""
     import torch
@@ -111,8 +134,10 @@ def score(embeddings: np.ndarray, labels: np.ndarray) -> dict:
     return recipe_mod._report_dict(report)
 
 
-def run(recipe, settings: list[Setting]) -> dict:
-    """Every (training fold held out, setting) row and each setting's mean over the folds."""
+def run(recipe, settings: list[Setting], side_file=None) -> dict:
+    """Every (training fold held out, setting) row and each setting's mean over the folds; with
+    ``side_file`` (a recipe from :func:`side_file_recipe`) a row of its side-file descriptor
+    too."""
     folds = sorted(recipe.train_folds)
     if len(folds) < 2:
         raise ValueError(f"cross-validation needs two training folds or more, got {folds}")
@@ -134,6 +159,7 @@ def run(recipe, settings: list[Setting]) -> dict:
             metrics = score(texture_embeddings(model, images), labels)
             row = {
                 "held_out_fold": fold,
+                "descriptor": "in_graph",
                 "cell_components": setting.cell_components,
                 "components": setting.components,
                 "projection_bytes": int(model.projection_int8.numel()),
@@ -148,19 +174,47 @@ def run(recipe, settings: list[Setting]) -> dict:
                 f"TAR@1e-3 {row[f'tar@far={TARGET_FAR:g}']['tar']:.3f}",
                 flush=True,
             )
+        if side_file is not None:
+            start = time.perf_counter()
+            side = recipe_mod.fit_lbp(split, side_file)
+            metrics = score(np.asarray(side(images), dtype=np.float64), labels)
+            rows.append(
+                {
+                    "held_out_fold": fold,
+                    "descriptor": "side_file",
+                    "cell_components": None,
+                    "components": side_file.lbp_components,
+                    "regularization": side_file.lbp_regularization,
+                    "projection_bytes": int(side.projection.nbytes),  # float32, as saved
+                    "auc": metrics["auc"],
+                    f"tar@far={TARGET_FAR:g}": metrics[f"tar@far={TARGET_FAR:g}"],
+                    "seconds": round(time.perf_counter() - start, 1),
+                }
+            )
+            print(
+                f"fold {fold} side file, {side_file.lbp_components} components "
+                f"({rows[-1]['projection_bytes'] / 1e6:.0f} MB): AUC {rows[-1]['auc']:.4f}",
+                flush=True,
+            )
     return {"folds": fold_info, "rows": rows, "means": summarise(rows)}
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Per setting: the mean over held-out folds of AUC and TAR, and each fold's AUC."""
+    """Per descriptor and setting: the mean over held-out folds of AUC and TAR, and each fold's
+    AUC."""
     key = f"tar@far={TARGET_FAR:g}"
+
+    def of(row):
+        return row.get("descriptor", "in_graph"), row["cell_components"], row["components"]
+
     out = []
-    for setting in dict.fromkeys((r["cell_components"], r["components"]) for r in rows):
-        mine = [r for r in rows if (r["cell_components"], r["components"]) == setting]
+    for setting in dict.fromkeys(of(r) for r in rows):
+        mine = [r for r in rows if of(r) == setting]
         out.append(
             {
-                "cell_components": setting[0],
-                "components": setting[1],
+                "descriptor": setting[0],
+                "cell_components": setting[1],
+                "components": setting[2],
                 "projection_bytes": mine[0]["projection_bytes"],
                 "mean_auc": float(np.mean([r["auc"] for r in mine])),
                 "mean_tar": float(np.mean([r[key]["tar"] for r in mine])),
@@ -180,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         default=_settings("16:380"),
         help="CELL:COMPONENTS,... (default 16:380, the preset's)",
     )
+    parser.add_argument(
+        "--side-file-config",
+        metavar="CONFIG",
+        help="also score the side-file descriptor of this fused preset (its lbp_* keys) on the "
+        "same folds (default: none)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", help="write the results to this JSON file")
     args = parser.parse_args(argv)
@@ -192,18 +252,24 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     try:
         recipe, _ = recipe_mod.load_recipe(args.config, args.set)
-        result = run(recipe, args.settings)
+        side = side_file_recipe(recipe, args.side_file_config) if args.side_file_config else None
+        result = run(recipe, args.settings, side)
     except ValueError as error:  # a bad config, key or setting (ConfigError is one)
         parser.error(str(error))
     for row in result["means"]:
+        name = (
+            f"{row['cell_components']:2d}:{row['components']:<5d}"
+            if row["descriptor"] == "in_graph"
+            else f"side file {row['components']}"
+        )
         print(
-            f"{row['cell_components']:2d}:{row['components']:<5d} "
+            f"{name} "
             f"{row['projection_bytes'] / 1e6:5.1f} MB  mean AUC {row['mean_auc']:.4f}  "
             f"mean TAR@1e-3 {row['mean_tar']:.3f}"
         )
     if args.out:
         result = {
-            "how": __doc__.split("\n\n")[2].replace("\n", " "),
+            "how": " ".join(__doc__.split("\n\n")[2:]).replace("\n", " "),
             "command": "python -m experiments.lfw_ltp_inner_cv "
             + " ".join(sys.argv[1:] if argv is None else argv),
             "config": str(args.config),

@@ -68,6 +68,55 @@ def test_rows_score_the_held_out_fold_and_never_read_the_validation_folds(shared
     assert mean["mean_auc"] == pytest.approx(np.mean([r["auc"] for r in result["rows"]]))
 
 
+def test_the_side_file_row_is_the_fused_presets_descriptor_on_the_same_folds(shared_data):
+    recipe = _small_recipe(shared_data)
+    side = replace(
+        lfw_ltp_inner_cv.side_file_recipe(recipe, REPO / "configs" / "lfw_dev_val_fused.yaml"),
+        lbp_components=6,
+    )
+    assert (side.lbp_regularization, side.lbp_ternary_threshold) == (0.3, 8.0)
+    result = lfw_ltp_inner_cv.run(recipe, [lfw_ltp_inner_cv.Setting(4, 8)], side)
+    rows = [r for r in result["rows"] if r["descriptor"] == "side_file"]
+    # three sides (96, 64, 48), two radii, two codes, 59 bins: 73,868 numbers, float32
+    assert [(r["held_out_fold"], r["projection_bytes"]) for r in rows] == [
+        (1, 73_868 * 6 * 4),
+        (2, 73_868 * 6 * 4),
+    ]
+
+    # fold 2 recomputed: the descriptor of partialfc.models.lbp fitted on fold 1's people
+    from sklearn.metrics import roc_auc_score
+
+    from partialfc.models.lbp import LbpGrid, LbpWccnEmbedder
+
+    split = lfw_face_recipe.build_split(replace(recipe, train_folds=[1], val_folds=[]))
+    fitted = LbpWccnEmbedder(LbpGrid(ternary_threshold=8.0), num_components=6, regularization=0.3)
+    fitted.fit(split.train_images, split.train_labels)
+    images, labels = lfw_ltp_inner_cv.held_out_fold(recipe, 2)
+    e = np.asarray(fitted(images), dtype=np.float64)
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    i, j = np.triu_indices(len(e), k=1)
+    expected = roc_auc_score(labels[i] == labels[j], np.sum(e[i] * e[j], axis=1))
+    assert rows[1]["auc"] == pytest.approx(expected, abs=1e-9)
+    means = {m["descriptor"]: m for m in result["means"]}
+    assert means["side_file"]["mean_auc"] == pytest.approx(np.mean([r["auc"] for r in rows]))
+    assert means["in_graph"]["auc_per_fold"] == [
+        r["auc"] for r in result["rows"] if r["descriptor"] == "in_graph"
+    ]
+
+
+def test_a_side_file_config_must_be_a_side_file_preset(capsys):
+    with pytest.raises(SystemExit):
+        lfw_ltp_inner_cv.main(
+            [
+                "--config",
+                str(REPO / "configs" / "lfw_dev_val_onefile.yaml"),
+                "--side-file-config",
+                str(REPO / "configs" / "lfw_dev_val_onefile.yaml"),
+            ]
+        )
+    assert "lfw_dev_val_onefile.yaml: not a side-file preset" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -79,6 +128,7 @@ def test_rows_score_the_held_out_fold_and_never_read_the_validation_folds(shared
         (["--set", "recipe.train_folds=[1]"], "two training folds or more"),
         (["--set", "recipe.no_such_key=1"], "unknown recipe key(s) ['no_such_key']"),
         (["--out", "/no/such/folder/cv.json"], "--out: the folder of /no/such/folder/cv.json"),
+        (["--side-file-config", "no_such.yaml"], "config file not found: no_such.yaml"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(argv, message, capsys):

@@ -156,47 +156,49 @@ def run(recipe, settings: list[Setting], side_file=None) -> dict:
         for setting in settings:
             start = time.perf_counter()
             model = fit_setting(setting, split, recipe)
-            metrics = score(texture_embeddings(model, images), labels)
-            row = {
-                "held_out_fold": fold,
+            described = {
                 "descriptor": "in_graph",
                 "cell_components": setting.cell_components,
                 "components": setting.components,
                 "projection_bytes": int(model.projection_int8.numel()),
-                "auc": metrics["auc"],
-                f"tar@far={TARGET_FAR:g}": metrics[f"tar@far={TARGET_FAR:g}"],
-                "seconds": round(time.perf_counter() - start, 1),
             }
-            rows.append(row)
-            print(
-                f"fold {fold} {setting.cell_components}:{setting.components} "
-                f"({row['projection_bytes'] / 1e6:.1f} MB): AUC {row['auc']:.4f}, "
-                f"TAR@1e-3 {row[f'tar@far={TARGET_FAR:g}']['tar']:.3f}",
-                flush=True,
-            )
+            embeddings = texture_embeddings(model, images)
+            name = f"{setting.cell_components}:{setting.components}"
+            rows.append(_scored_row(fold, name, described, embeddings, labels, start))
         if side_file is not None:
             start = time.perf_counter()
             side = recipe_mod.fit_lbp(split, side_file)
-            metrics = score(np.asarray(side(images), dtype=np.float64), labels)
-            rows.append(
-                {
-                    "held_out_fold": fold,
-                    "descriptor": "side_file",
-                    "cell_components": None,
-                    "components": side_file.lbp_components,
-                    "regularization": side_file.lbp_regularization,
-                    "projection_bytes": int(side.projection.nbytes),  # float32, as saved
-                    "auc": metrics["auc"],
-                    f"tar@far={TARGET_FAR:g}": metrics[f"tar@far={TARGET_FAR:g}"],
-                    "seconds": round(time.perf_counter() - start, 1),
-                }
-            )
-            print(
-                f"fold {fold} side file, {side_file.lbp_components} components "
-                f"({rows[-1]['projection_bytes'] / 1e6:.0f} MB): AUC {rows[-1]['auc']:.4f}",
-                flush=True,
-            )
+            described = {
+                "descriptor": "side_file",
+                "cell_components": None,
+                "components": side_file.lbp_components,
+                "regularization": side_file.lbp_regularization,
+                "projection_bytes": int(side.projection.nbytes),  # float32, as saved
+            }
+            embeddings = np.asarray(side(images), dtype=np.float64)
+            name = f"side file, {side_file.lbp_components} components"
+            rows.append(_scored_row(fold, name, described, embeddings, labels, start))
     return {"folds": fold_info, "rows": rows, "means": summarise(rows)}
+
+
+def _scored_row(fold: int, name: str, described: dict, embeddings, labels, start: float) -> dict:
+    """The row of one fitted descriptor: ``described`` plus its held-out scores and the seconds
+    since ``start`` (fit and scoring); printed as it is made."""
+    key = f"tar@far={TARGET_FAR:g}"
+    metrics = score(embeddings, labels)
+    row = {
+        "held_out_fold": fold,
+        **described,
+        "auc": metrics["auc"],
+        key: metrics[key],
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    print(
+        f"fold {fold} {name} ({row['projection_bytes'] / 1e6:.1f} MB): AUC {row['auc']:.4f}, "
+        f"TAR@1e-3 {row[key]['tar']:.3f}",
+        flush=True,
+    )
+    return row
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -205,7 +207,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     key = f"tar@far={TARGET_FAR:g}"
 
     def of(row):
-        return row.get("descriptor", "in_graph"), row["cell_components"], row["components"]
+        return row["descriptor"], row["cell_components"], row["components"]
 
     out = []
     for setting in dict.fromkeys(of(r) for r in rows):

@@ -145,6 +145,11 @@ def run(recipe, settings: list[Setting], side_file=None) -> dict:
     for fold in folds:
         others = [f for f in folds if f != fold]
         split = recipe_mod.build_split(replace(recipe, train_folds=others, val_folds=[]))
+        if side_file is not None and side_file.lbp_components >= len(split.train_images):
+            raise ValueError(
+                f"the side file's recipe.lbp_components ({side_file.lbp_components}) must be "
+                f"below the {len(split.train_images)} training images of folds {others}"
+            )
         images, labels = held_out_fold(recipe, fold)
         fold_info[str(fold)] = {
             "train_folds": others,

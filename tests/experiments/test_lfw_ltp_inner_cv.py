@@ -104,17 +104,31 @@ def test_the_side_file_row_is_the_fused_presets_descriptor_on_the_same_folds(sha
     ]
 
 
-def test_a_side_file_config_must_be_a_side_file_preset(capsys):
-    with pytest.raises(SystemExit):
-        lfw_ltp_inner_cv.main(
-            [
-                "--config",
-                str(REPO / "configs" / "lfw_dev_val_onefile.yaml"),
-                "--side-file-config",
-                str(REPO / "configs" / "lfw_dev_val_onefile.yaml"),
-            ]
-        )
-    assert "lfw_dev_val_onefile.yaml: not a side-file preset" in capsys.readouterr().err
+def test_a_side_file_config_must_be_a_side_file_preset(shared_data):
+    recipe = _small_recipe(shared_data)
+    with pytest.raises(ValueError, match="lfw_dev_val_onefile.yaml: not a side-file preset"):
+        lfw_ltp_inner_cv.side_file_recipe(recipe, REPO / "configs" / "lfw_dev_val_onefile.yaml")
+
+
+def test_side_file_components_beyond_the_training_images_are_refused_before_any_fit(
+    shared_data, monkeypatch
+):
+    recipe = _small_recipe(shared_data)
+    side = replace(
+        lfw_ltp_inner_cv.side_file_recipe(recipe, REPO / "configs" / "lfw_dev_val_fused.yaml"),
+        lbp_components=150,
+    )
+
+    def no_fit(*args):
+        raise AssertionError("a descriptor was fitted before the check")
+
+    monkeypatch.setattr(lfw_ltp_inner_cv, "fit_setting", no_fit)
+    with pytest.raises(ValueError) as error:
+        lfw_ltp_inner_cv.run(recipe, [lfw_ltp_inner_cv.Setting(4, 8)], side)
+    assert str(error.value) == (
+        "the side file's recipe.lbp_components (150) must be below the 150 training images of "
+        "folds [2]"
+    )
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,8 @@ class RecipeConfig:
     lbp_ternary_threshold: float = 0.0
     # with lbp_weight > 0: build the fused model as one network instead of network + lbp_wccn.npz
     # (partialfc.models.ltp_fused): iresnet_tiny and in-graph LTP histograms of the 96×96 crop
-    # (sides 96 and 48, radii 1 and 2, 12-px cells; lbp_components, lbp_regularization and
+    # (sides 96 and 48, radii 1 and 2, 12-px cells every 6 px, each cell of the left half of
+    # the grid reduced to 20 numbers by its own basis; lbp_components, lbp_regularization and
     # lbp_ternary_threshold as above), evaluated and exported as one ONNX taking the 96×96 crop
     ltp_in_graph: bool = False
     max_train_images: int = 0  # keep only the first N training images (0 = all; tests)

@@ -4,15 +4,16 @@
         --settings 16:380,16:600,8:760 --out benchmarks/results/lfw_ltp_inner_cv.json
 
 A setting ``c:k`` is the texture part of :class:`partialfc.models.ltp_fused.LtpFusedEmbedding`
-with ``c`` dimensions a cell and code and ``k`` components; its int8 projection takes
-``cells · c · k`` bytes of the export. For each training fold ``f`` of the preset
-(``recipe.train_folds``), every setting is fitted (:meth:`LtpFusedEmbedding.fit_texture`, ridge
-``recipe.lbp_regularization``) on the training images of the other training folds, built as the
-recipe builds its training set (grey crops, colour views, people with enough photos), and scored
-all-vs-all on the grey crops of fold ``f``'s people (aligned when the recipe aligns): ROC AUC and
-TAR at FAR = 10⁻³ with the threshold set by the impostors alone. What is scored is the stored
-int8 projection, i.e. what an export runs. The preset's validation folds are never read, so a
-setting chosen here can be reported on them afterwards.
+with ``c`` dimensions a cell and code and ``k`` components; its int8 projection and cell bases
+take ``cells · c · (k + 59)`` bytes of the export (``cells``: the kept half of the grid). For
+each training fold ``f`` of the preset (``recipe.train_folds``), every setting is fitted
+(:meth:`LtpFusedEmbedding.fit_texture`, ridge ``recipe.lbp_regularization``) on the training
+images of the other training folds, built as the recipe builds its training set (grey crops,
+colour views, people with enough photos), and scored all-vs-all on the grey crops of fold
+``f``'s people (aligned when the recipe aligns): ROC AUC and TAR at FAR = 10⁻³ with the
+threshold set by the impostors alone. What is scored is the stored int8 projection, i.e. what an
+export runs. The preset's validation folds are never read, so a setting chosen here can be
+reported on them afterwards.
 
 With ``--side-file-config`` the side-file descriptor of a fused preset
 (:class:`partialfc.models.lbp.LbpWccnEmbedder` with that preset's ``lbp_*`` keys, fitted by
@@ -165,7 +166,10 @@ def run(recipe, settings: list[Setting], side_file=None) -> dict:
                 "descriptor": "in_graph",
                 "cell_components": setting.cell_components,
                 "components": setting.components,
-                "projection_bytes": int(model.projection_int8.numel()),
+                # int8: the projection and the kept cells' bases
+                "projection_bytes": int(
+                    model.projection_int8.numel() + model.cell_basis_int8.numel()
+                ),
             }
             embeddings = texture_embeddings(model, images)
             name = f"{setting.cell_components}:{setting.components}"

@@ -8,11 +8,18 @@ two outputs is ``(cos_net + w · cos_ltp) / (1 + w)``, the score-level fusion of
   side, with the flip test when ``flip_test``;
 * ``e_ltp(x) = (c(h(x) + h(mirror(x))) − μ) W``: :class:`partialfc.models.ltp_layer.LtpHistograms`
   ``h`` (the mirror's histograms are a permutation of ``h(x)``: one pass), ``c`` each cell's
-  118-bin histogram pair reduced to ``cell_components`` by a principal-component basis shared
-  by the cells of a (side, radius, code) block, then PCA and within-class whitening (WCCN,
-  Hatch et al., ICSLP 2006), all learned in closed form on training faces
-  (:meth:`LtpFusedEmbedding.fit_texture`). ``W`` is stored as int8 with one float scale per
-  column (symmetric, ``max |W_:,j| / 127``) and ``−μ W`` (of the stored ``W``) as a bias.
+  flip-summed histogram reduced to ``cell_components`` by the cell's own principal-component
+  basis, then PCA and within-class whitening (WCCN, Hatch et al., ICSLP 2006), all learned in
+  closed form on training faces (:meth:`LtpFusedEmbedding.fit_texture`).
+
+The flip-summed histograms ``H = h(x) + h(mirror(x))`` of two cells that mirror each other
+(column ``j`` and ``n − 1 − j`` of an ``n``-cell row) are bin permutations of each other,
+``H_{n−1−j} = Π H_j``, so with each cell's basis fitted on the same faces the reduced numbers
+of one are those of the other (up to each axis's sign): only the cells of the left half-grid
+are kept (and a middle column, weighted ``1/√2``: it stands for one cell of the grid, the
+others for two), which halves ``W`` and leaves the fused cosine that of the whole grid. ``W``
+and the cell bases are stored as int8 with one float scale per column (symmetric,
+``max |·| / 127``), with ``−μ W`` (of the stored ``W``) as a bias.
 
 The descriptor is the multi-scale LTP face description of Tan & Triggs (IEEE TIP 2010) with the
 high-dimensional-LBP projection of Chen et al. ("Blessing of dimensionality", CVPR 2013).
@@ -44,7 +51,7 @@ class LtpFusedEmbedding(nn.Module):
     ``cell_components``: dimensions kept of each cell's 59 bins a code (0 = all, no reduction).
     The texture part is zero until :meth:`fit_texture` (or a loaded state dict) sets it.
 
-    Defaults: 1,000 components, ``w`` = 3, flip test on, 16 dimensions a cell and code.
+    Defaults: 1,000 components, ``w`` = 3, flip test on, 20 dimensions a cell and code.
     """
 
     def __init__(
@@ -54,7 +61,7 @@ class LtpFusedEmbedding(nn.Module):
         num_components: int = 1000,
         ltp_weight: float = 3.0,
         flip_test: bool = True,
-        cell_components: int = 16,
+        cell_components: int = 20,
     ):
         super().__init__()
         if not math.isfinite(ltp_weight) or ltp_weight < 0:
@@ -82,54 +89,89 @@ class LtpFusedEmbedding(nn.Module):
             )
             self.register_buffer("net_resize", resize, persistent=False)
         self.cell_components = int(cell_components) or NUM_LBP_BINS
-        # (cells, first output column) of each (side, radius, code) block of h
+        # cells a row of each (side, radius, code) block of h, and the columns kept of each row
         self.cells_per_row = [c for c in histograms.cells_per_row() for _code in range(2)]
-        self.cell_blocks = [c * c for c in self.cells_per_row]
-        blocks = len(self.cell_blocks)
-        self.register_buffer("cell_mean", torch.zeros(blocks, NUM_LBP_BINS))
-        self.register_buffer("cell_basis", torch.zeros(blocks, NUM_LBP_BINS, self.cell_components))
+        self.kept_columns = [(c + 1) // 2 for c in self.cells_per_row]
+        kept = sum(c * k for c, k in zip(self.cells_per_row, self.kept_columns, strict=True))
+        self.kept_cells = kept
+        # each kept cell's basis for its (face, mirror) histogram pair, int8 with a scale a column
+        self.register_buffer(
+            "cell_basis_int8",
+            torch.zeros(kept, NUM_LBP_BINS, self.cell_components, dtype=torch.int8),
+        )
+        self.register_buffer("cell_basis_scale", torch.zeros(kept, 1, self.cell_components))
         # int32: half the bytes of int64 in an export
         mirror = histograms.mirror_permutation().int()
         self.register_buffer("mirror", mirror, persistent=False)
         mirror_bin = torch.from_numpy(mirror_bin_table())
         self.register_buffer("mirror_bin", mirror_bin, persistent=False)
-        dim = sum(self.cell_blocks) * self.cell_components
+        dim = kept * self.cell_components
         self.register_buffer("ltp_weight", torch.tensor(float(ltp_weight)))
         self.register_buffer("projection_int8", torch.zeros(dim, num_components, dtype=torch.int8))
         self.register_buffer("projection_scale", torch.zeros(num_components))
         self.register_buffer("bias", torch.zeros(num_components))
 
+    def _kept_cell_pairs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N, kept_cells, 59)`` twice: each kept cell's histograms in ``h`` and those of the
+        cell that mirrors it (column ``n − 1 − j`` of its row; itself in a middle column)."""
+        cells, reflected, start = [], [], 0
+        for per_row, keep in zip(self.cells_per_row, self.kept_columns, strict=True):
+            size = per_row * per_row * NUM_LBP_BINS
+            grid = h[:, start : start + size].reshape(-1, per_row, per_row, NUM_LBP_BINS)
+            start += size
+            cells.append(grid[:, :, :keep].flatten(1, 2))
+            reflected.append(grid.flip(2)[:, :, :keep].flatten(1, 2))
+        return torch.cat(cells, dim=1), torch.cat(reflected, dim=1)
+
+    def _middle_column_weights(self) -> torch.Tensor:
+        """``(kept_cells,)``: ``1/√2`` for the cells of a middle column, 1 elsewhere."""
+        weights = []
+        for per_row, keep in zip(self.cells_per_row, self.kept_columns, strict=True):
+            row = torch.ones(keep)
+            if per_row % 2:
+                row[-1] = 0.5**0.5
+            weights.append(row.repeat(per_row))
+        return torch.cat(weights)
+
+    def cell_basis(self) -> torch.Tensor:
+        """``(kept_cells, 59, cell_components)``: the stored cell bases as floats."""
+        return self.cell_basis_int8.float() * self.cell_basis_scale
+
     def cell_features(self, images: torch.Tensor) -> torch.Tensor:
-        """``c(h(x) + h(mirror(x)))``: every cell's flip-summed histograms in the block's basis.
+        """``c(h(x) + h(mirror(x)))`` of the kept cells: each cell's flip-summed histograms in
+        its own basis, ``(N, kept_cells · cell_components)``.
 
-        Computed as ``c(h) + c(h ∘ mirror)`` with the mirror taken after the reduction: the
-        mirrored histograms of a cell are the reflected cell's with bins permuted, so their
-        projection is the reflected cell's on the basis with rows permuted (a gather of 16
-        numbers a cell instead of all 59 bins of every cell)."""
+        The mirror image's histograms at a cell are the reflected cell's with bins permuted, so
+        ``H_j B_j = h_j B_j + h_{n−1−j} B_j[π]`` (``π`` the mirrored bins): every cell of a row
+        is reduced by a basis of the whole grid (``B_j`` on the left, ``B_j[π]`` at the
+        reflected cell, a constant of the graph), and the two halves' numbers are added."""
         h = self.histograms(images)
-        parts, start = [], 0
-        for block, per_row in enumerate(self.cells_per_row):
-            cells = per_row * per_row
-            cell_bins = h[:, start : start + cells * NUM_LBP_BINS].reshape(-1, cells, NUM_LBP_BINS)
-            start += cells * NUM_LBP_BINS
-            basis = self.cell_basis[block]
-            both = cell_bins @ torch.cat([basis, basis[self.mirror_bin]], dim=1)
-            direct, of_mirror = both.split(basis.shape[1], dim=2)
-            # reflect the cell grid left to right: cell (y, x) takes cell (y, cells - 1 - x)
-            of_mirror = of_mirror.reshape(-1, per_row, per_row, basis.shape[1]).flip(2)
-            reduced = direct + of_mirror.reshape(direct.shape) - self.cell_mean[block] @ basis
-            parts.append(reduced.flatten(1))
-        return torch.cat(parts, dim=1)
+        basis = self.cell_basis().to(images.dtype)
+        components = self.cell_components
+        parts, start, first = [], 0, 0
+        for per_row, keep in zip(self.cells_per_row, self.kept_columns, strict=True):
+            size = per_row * per_row * NUM_LBP_BINS
+            cells = h[:, start : start + size].reshape(-1, per_row * per_row, NUM_LBP_BINS)
+            start += size
+            kept = basis[first : first + per_row * keep].reshape(
+                per_row, keep, NUM_LBP_BINS, components
+            )
+            first += per_row * keep
+            grid_basis = self._grid_basis(kept, per_row).reshape(-1, NUM_LBP_BINS, components)
+            reduced = (cells.transpose(0, 1) @ grid_basis).reshape(per_row, per_row, -1, components)
+            both = reduced[:, :keep] + reduced[:, per_row - keep :].flip(1)  # (rows, keep, N, c)
+            parts.append(both.reshape(per_row * keep, -1, components))
+        return torch.cat(parts, dim=0).transpose(0, 1).flatten(1)
 
-    def _reduce_cells(self, h: torch.Tensor) -> torch.Tensor:
-        """``c(h)`` of flip-summed histograms ``h`` (the fit's form of :meth:`cell_features`)."""
-        parts, start = [], 0
-        for block, cells in enumerate(self.cell_blocks):
-            cell_bins = h[:, start : start + cells * NUM_LBP_BINS].reshape(-1, cells, NUM_LBP_BINS)
-            start += cells * NUM_LBP_BINS
-            reduced = (cell_bins - self.cell_mean[block]) @ self.cell_basis[block]
-            parts.append(reduced.flatten(1))
-        return torch.cat(parts, dim=1)
+    def _grid_basis(self, kept: torch.Tensor, per_row: int) -> torch.Tensor:
+        """``(rows, per_row, 59, c)``: the kept columns' bases ``kept`` ``(rows, keep, 59, c)``
+        on the left, their bin-mirrored bases at the reflected columns; a middle column (odd
+        ``per_row``) is counted from both halves, so it holds the mean of the two."""
+        mirrored = kept[:, :, self.mirror_bin]
+        if per_row % 2 == 0:
+            return torch.cat([kept, mirrored.flip(1)], dim=1)
+        middle = (kept[:, -1:] + mirrored[:, -1:]) / 2
+        return torch.cat([kept[:, :-1], middle, mirrored[:, :-1].flip(1)], dim=1)
 
     def texture(self, images: torch.Tensor) -> torch.Tensor:
         """``e_ltp``: the whitened descriptor (unnormalised)."""
@@ -161,10 +203,10 @@ class LtpFusedEmbedding(nn.Module):
         batch_size: int = 128,
     ) -> LtpFusedEmbedding:
         """Learn the cell bases, ``μ`` and ``W`` from ``(N, 1, H, H)`` normalised training faces
-        and their identity labels: per block, the top principal axes of the flip-summed cell
-        histograms of every face (centred by the block's mean cell); then PCA to
-        ``num_components`` and WCCN with ridge ``regularization``
-        (:meth:`partialfc.models.lbp.LbpWccnEmbedder.fit_descriptors`). Default ridge 0.3."""
+        and their identity labels: per kept cell, the top principal axes of its flip-summed
+        histograms over the faces; then PCA to ``num_components`` and WCCN with ridge
+        ``regularization`` (:meth:`partialfc.models.lbp.LbpWccnEmbedder.fit_descriptors`) of
+        the reduced numbers, computed with the stored (int8) bases. Default ridge 0.3."""
         from partialfc.models.lbp import LbpWccnEmbedder
 
         labels = np.asarray(labels)
@@ -173,21 +215,27 @@ class LtpFusedEmbedding(nn.Module):
         chunks = []
         for start in range(0, len(images), batch_size):
             h = self.histograms(images[start : start + batch_size].float())
-            chunks.append(h + h[:, self.mirror.long()])  # float32: 0.2 MB a face
-        h = torch.cat(chunks)
-        start = 0
-        for block, cells in enumerate(self.cell_blocks):
-            cell_bins = (
-                h[:, start : start + cells * NUM_LBP_BINS].reshape(-1, NUM_LBP_BINS).double()
-            )
-            start += cells * NUM_LBP_BINS
-            mean = cell_bins.mean(dim=0)
-            centred = cell_bins - mean
-            _, axes = torch.linalg.eigh(centred.T @ centred)  # ascending eigenvalues
-            self.cell_mean[block] = mean.float()
-            self.cell_basis[block] = axes.flip(1)[:, : self.cell_components].float()
+            # flip-summed histograms of the kept cells, float32: 0.1 MB a face
+            chunks.append(self._kept_cell_pairs(h + h[:, self.mirror.long()])[0])
+        summed = torch.cat(chunks)  # (N, kept, 59)
+        centred = summed.double() - summed.double().mean(dim=0)
+        scatter = torch.einsum("nki,nkj->kij", centred, centred)
+        _, axes = torch.linalg.eigh(scatter)  # ascending eigenvalues, per cell
+        basis = axes.flip(2)[:, :, : self.cell_components]
+        # a middle column (odd rows) stands for one cell of the whole grid, the others for two:
+        # weighted 1/√2 against them, so that PCA and WCCN see the whole grid's descriptor
+        basis = basis * self._middle_column_weights().to(basis.dtype).view(-1, 1, 1)
+        scale = basis.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0
+        self.cell_basis_int8.copy_(torch.round(basis / scale).to(torch.int8))
+        self.cell_basis_scale.copy_(scale.float())
+        stored_basis = self.cell_basis().double()
         features = torch.cat(
-            [self._reduce_cells(h[i : i + batch_size]) for i in range(0, len(h), batch_size)]
+            [
+                (summed[i : i + batch_size].double().transpose(0, 1) @ stored_basis)
+                .transpose(0, 1)
+                .flatten(1)
+                for i in range(0, len(summed), batch_size)
+            ]
         )
         fitted = LbpWccnEmbedder(num_components=self.num_components, regularization=regularization)
         fitted.fit_descriptors(features.numpy(), labels)

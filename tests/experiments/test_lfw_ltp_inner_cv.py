@@ -12,8 +12,9 @@ from experiments.lfw_face_recipe import load_recipe
 from partialfc.data.loaders import load_lfw_gray
 from tests.train.test_lfw_recipe import REPO
 
-# 12-px cells every 6 px: 14 a row at side 96 and 6 at side 48, two radii, upper and lower codes
-CELLS = (14**2 * 2 + 6**2 * 2) * 2
+# 12-px cells every 6 px: 14 a row at side 96 and 6 at side 48, two radii, upper and lower codes;
+# the left half of each row is kept (the other half mirrors it)
+CELLS = (14 * 7 * 2 + 6 * 3 * 2) * 2
 
 
 def _small_recipe(shared_data):
@@ -43,8 +44,8 @@ def test_rows_score_the_held_out_fold_and_never_read_the_validation_folds(shared
     result = lfw_ltp_inner_cv.run(recipe, [lfw_ltp_inner_cv.Setting(4, 8)])
     assert not set(requested) & {4, 5}
     assert [(r["held_out_fold"], r["projection_bytes"]) for r in result["rows"]] == [
-        (1, CELLS * 4 * 8),
-        (2, CELLS * 4 * 8),
+        (1, CELLS * 4 * (8 + 59)),  # int8 projection and cell bases
+        (2, CELLS * 4 * (8 + 59)),
     ]
     assert result["folds"]["1"]["train_folds"] == [2]
     assert result["folds"]["2"]["train_folds"] == [1]

@@ -1,6 +1,7 @@
 """The one-network fused model: its cosine is the weighted sum of the two parts' cosines
-recomputed independently (mirrored images, per-block cell PCA by numpy, PCA + WCCN), the int8
-projection stays within half a step of the fitted one, and the export is one ONNX file that
+recomputed independently (mirrored images, every cell's PCA by numpy, PCA + WCCN), a mirrored
+cell's reduced numbers copy its kept twin's, the int8 projection stays within half a step of the
+fitted one, and the export is one ONNX file that
 reloads through the model registry."""
 
 from __future__ import annotations
@@ -38,9 +39,15 @@ def _faces(n: int, side: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
     )
 
 
-def _fitted(weight: float = 3.0, flip: bool = True) -> tuple[LtpFusedEmbedding, torch.Tensor]:
+def _fitted(
+    weight: float = 3.0, flip: bool = True, overlap: bool = True
+) -> tuple[LtpFusedEmbedding, torch.Tensor]:
+    """Fitted on 80 noisy faces of 20 people; rows of 6 and 2 cells (``overlap``) or of 3 and 1
+    (a middle column)."""
     torch.manual_seed(0)
-    histograms = LtpHistograms(input_size=32, scales_px=(32, 16), radii_px=(1, 2), cell_px=8)
+    histograms = LtpHistograms(
+        input_size=32, scales_px=(32, 16), radii_px=(1, 2), cell_px=8, overlap=overlap
+    )
     fused = LtpFusedEmbedding(
         _Pixels(),
         histograms,
@@ -53,36 +60,66 @@ def _fitted(weight: float = 3.0, flip: bool = True) -> tuple[LtpFusedEmbedding, 
     return fused.fit_texture(faces, labels), faces
 
 
-def test_cosine_is_the_weighted_sum_of_the_network_and_descriptor_cosines():
-    fused, train_faces = _fitted(weight=3.0)
+def _all_cells(summed: np.ndarray, h: LtpHistograms) -> np.ndarray:
+    """``(N, cells, 59)``: every cell of every block of flip-summed histograms."""
+    return summed.reshape(len(summed), -1, 59)
+
+
+def _cell_pca(train_cells: np.ndarray, components: int) -> np.ndarray:
+    """``(cells, 59, components)``: each cell's top principal axes (numpy SVD, centred)."""
+    axes = []
+    for cell in range(train_cells.shape[1]):
+        rows = train_cells[:, cell]
+        axes.append(np.linalg.svd(rows - rows.mean(axis=0), full_matrices=False)[2][:components].T)
+    return np.stack(axes)
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["even-rows", "middle-column"])
+def test_cosine_is_the_weighted_sum_of_the_network_and_descriptor_cosines(overlap):
+    fused, train_faces = _fitted(weight=3.0, overlap=overlap)
+    assert any(c % 2 for c in fused.cells_per_row) is not overlap
     faces, _ = _faces(8, 32, seed=2)
     out = fused(faces).detach().numpy().astype(np.float64)
     # independent: the network on the area-halved face and its mirror ...
     small = torch.nn.functional.avg_pool2d(faces, 2)
     net = fused.backbone(small) + fused.backbone(torch.flip(small, dims=[-1]))
-    # ... and the descriptor: mirrored images, each block's cell PCA, then LbpWccnEmbedder
+    # ... and the descriptor: mirrored images, every cell of both halves of each row reduced
+    # by the stored basis of its kept twin (bins mirrored for the right half: a mirrored cell's
+    # own PCA gives the same numbers, next test), then LbpWccnEmbedder, all in float64
     h = fused.histograms
 
     def flip_summed(x):
         return (h(x) + h(torch.flip(x, dims=[-1]))).double().numpy()
 
-    train, test = flip_summed(train_faces), flip_summed(faces)
-    blocks = [c * c for c in h.cells_per_row() for _ in range(2)]
-    train_parts, test_parts, start = [], [], 0
-    for cells in blocks:
-        columns = slice(start * 59, (start + cells) * 59)
-        start += cells
-        rows = train[:, columns].reshape(-1, 59)
-        mean = rows.mean(axis=0)
-        basis = np.linalg.svd(rows - mean, full_matrices=False)[2][:5].T
-        for parts, x in ((train_parts, train), (test_parts, test)):
-            parts.append(
-                ((x[:, columns].reshape(len(x), cells, 59) - mean) @ basis).reshape(len(x), -1)
-            )
-    assert start * 59 == h.output_dim
+    stored = (fused.cell_basis_int8.double() * fused.cell_basis_scale.double()).numpy()
+    mirror_bin = fused.mirror_bin.numpy()
+    bases, kept = [], 0
+    for per_row in fused.cells_per_row:
+        for row in range(per_row):
+            for col in range(per_row):
+                twin = col if col < (per_row + 1) // 2 else per_row - 1 - col
+                basis = stored[kept + row * ((per_row + 1) // 2) + twin]
+                if per_row % 2 and col == per_row // 2:  # stored at 1/√2: one cell, not two
+                    basis = basis * np.sqrt(2)
+                bases.append(basis if twin == col else basis[mirror_bin])
+        kept += per_row * ((per_row + 1) // 2)
+    bases = np.stack(bases)
+    # the stored axes are unit vectors, a middle column's 1/√2 (int8 rounding aside)
+    norms = np.linalg.norm(stored, axis=1)
+    weights = np.concatenate(
+        [np.tile([1.0] * (c // 2) + [np.sqrt(0.5)] * (c % 2), c) for c in fused.cells_per_row]
+    )
+    np.testing.assert_allclose(norms, np.repeat(weights[:, None], 5, axis=1), atol=0.02)
+    train, test = _all_cells(flip_summed(train_faces), h), _all_cells(flip_summed(faces), h)
+    middle = sum(c for c in fused.cells_per_row if c % 2)
+    assert train.shape[1] == len(bases) == 2 * fused.kept_cells - middle
+
+    def reduced(x):
+        return np.einsum("nki,kij->nkj", x, bases).reshape(len(x), -1)
+
     reference = LbpWccnEmbedder(num_components=12, regularization=0.3)
-    reference.fit_descriptors(np.concatenate(train_parts, 1), np.repeat(np.arange(20), 4))
-    texture = reference.project(np.concatenate(test_parts, 1))
+    reference.fit_descriptors(reduced(train), np.repeat(np.arange(20), 4))
+    texture = reference.project(reduced(test))
 
     def unit(x):
         x = np.asarray(x, dtype=np.float64)
@@ -99,28 +136,61 @@ def test_cosine_is_the_weighted_sum_of_the_network_and_descriptor_cosines():
     np.testing.assert_allclose(np.linalg.norm(out, axis=1), 2.0, rtol=1e-5)  # √(1 + w)
 
 
-def test_cell_features_are_the_reduced_histograms_of_the_face_plus_its_mirror_image():
-    fused, _ = _fitted()
+def test_mirrored_cells_reduce_to_copies_of_the_kept_cells_numbers():
+    fused, train_faces = _fitted()
+    h = fused.histograms
+    faces, _ = _faces(8, 32, seed=5)
+    train = (h(train_faces) + h(torch.flip(train_faces, dims=[-1]))).double().numpy()
+    test = (h(faces) + h(torch.flip(faces, dims=[-1]))).double().numpy()
+    start, checked = 0, 0
+    for per_row, keep in zip(fused.cells_per_row, fused.kept_columns, strict=True):
+        size = per_row * per_row * 59
+        grid_train = train[:, start : start + size].reshape(-1, per_row, per_row, 59)
+        grid_test = test[:, start : start + size].reshape(-1, per_row, per_row, 59)
+        start += size
+        for row in range(per_row):
+            for col in range(keep):
+                mirrored = per_row - 1 - col
+                numbers = []
+                for c in (col, mirrored):
+                    basis = _cell_pca(grid_train[:, row, c][:, None], 5)[0]
+                    numbers.append(grid_test[:, row, c] @ basis)
+                # the same numbers up to each axis's sign (an eigenvector's sign is arbitrary)
+                np.testing.assert_allclose(np.abs(numbers[0]), np.abs(numbers[1]), atol=1e-9)
+                checked += col != mirrored
+    assert start == h.output_dim and checked == fused.kept_cells - sum(
+        per_row * (per_row % 2) for per_row in fused.cells_per_row
+    )
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["even-rows", "middle-column"])
+def test_cell_features_are_the_reduced_histograms_of_the_face_plus_its_mirror_image(overlap):
+    fused, _ = _fitted(overlap=overlap)
     # any basis, not only fitted ones (whose axes are each symmetric or antisymmetric under
     # the bin mirror: random axes mix both)
     generator = torch.Generator().manual_seed(4)
-    fused.cell_basis.copy_(torch.randn(fused.cell_basis.shape, generator=generator))
-    fused.cell_mean.copy_(torch.rand(fused.cell_mean.shape, generator=generator))
+    shape = fused.cell_basis_int8.shape
+    fused.cell_basis_int8.copy_(torch.randint(-127, 128, shape, generator=generator))
+    fused.cell_basis_scale.copy_(torch.rand(fused.cell_basis_scale.shape, generator=generator))
     faces, _ = _faces(8, 32, seed=3)
     h = fused.histograms
-    # independent: histograms of the mirrored images (not a permutation), reduced per cell
+    # independent: histograms of the mirrored images (not a permutation), the left half of
+    # every row of cells (and a middle column) each in its own basis
     summed = (h(faces) + h(torch.flip(faces, dims=[-1]))).double().numpy()
-    expected, start = [], 0
-    for block, cells in enumerate(fused.cell_blocks):
-        rows = summed[:, start * 59 : (start + cells) * 59].reshape(len(faces), cells, 59)
-        start += cells
-        mean = fused.cell_mean[block].double().numpy()
-        basis = fused.cell_basis[block].double().numpy()
-        expected.append(((rows - mean) @ basis).reshape(len(faces), -1))
+    basis = (fused.cell_basis_int8.double() * fused.cell_basis_scale.double()).numpy()
+    expected, start, cell = [], 0, 0
+    for per_row in fused.cells_per_row:
+        grid = summed[:, start : start + per_row * per_row * 59].reshape(-1, per_row, per_row, 59)
+        start += per_row * per_row * 59
+        for row in range(per_row):
+            for col in range((per_row + 1) // 2):
+                expected.append(grid[:, row, col] @ basis[cell])
+                cell += 1
+    assert cell == fused.kept_cells
     expected = np.concatenate(expected, axis=1)
     got = fused.cell_features(faces).double().numpy()
     assert np.abs(expected).max() > 1.0  # not a comparison of zeros
-    np.testing.assert_allclose(got, expected, atol=1e-4)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-3)
 
 
 def test_int8_projection_is_within_half_a_step_of_the_fitted_one():
@@ -137,6 +207,23 @@ def test_int8_projection_is_within_half_a_step_of_the_fitted_one():
     # the bias is −μ W of the stored matrix, so that rounding errors cancel on the mean face
     mean = torch.from_numpy(reference.mean).double()
     torch.testing.assert_close(fused.bias.double(), -(mean @ stored), rtol=1e-4, atol=1e-5)
+
+
+def test_int8_cell_bases_are_within_half_a_step_of_each_kept_cells_principal_axes():
+    fused, train_faces = _fitted()
+    h = fused.histograms
+    summed = (h(train_faces) + h(torch.flip(train_faces, dims=[-1]))).double().numpy()
+    cells, start = [], 0
+    for per_row in fused.cells_per_row:
+        grid = summed[:, start : start + per_row * per_row * 59].reshape(-1, per_row, per_row, 59)
+        start += per_row * per_row * 59
+        cells.append(grid[:, :, : (per_row + 1) // 2].reshape(len(summed), -1, 59))
+    exact = _cell_pca(np.concatenate(cells, axis=1), 5)
+    step = fused.cell_basis_scale.double().numpy()
+    stored = fused.cell_basis_int8.double().numpy() * step
+    signs = np.sign((exact * stored).sum(axis=1, keepdims=True))  # an axis's sign is arbitrary
+    assert (np.abs(stored - signs * exact) <= step / 2 * (1 + 1e-4) + 1e-7).all()
+    assert (np.abs(fused.cell_basis_int8.numpy()).max(axis=1) == 127).all()  # full range
 
 
 def test_without_flip_test_the_network_part_is_the_backbone_alone():
@@ -191,8 +278,9 @@ def test_export_is_one_onnx_file_that_reloads_through_the_registry(tmp_path, nam
 
     proto = onnx.load(str(result.onnx_path))
     int8 = [t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8]
-    # stored as int8, not float: 464 cells a code, 16 dimensions each, 16 components
-    assert [tuple(t.dims) for t in int8] == [(2 * 464 * 16, 16)]
+    # stored as int8, not float: the bases of the 464 kept cells (the left halves of the
+    # 14 × 14 and 6 × 6 grids of 2 radii and 2 codes), 20 dimensions each, and 16 components
+    assert sorted(tuple(t.dims) for t in int8) == [(464, 59, 20), (464 * 20, 16)]
     grey = np.random.default_rng(5).integers(0, 256, (3, 96, 96)).astype(np.uint8)
     by_onnx = Embedder.load(tmp_path, backend="onnx").embed_raw(grey)
     by_torch = Embedder.load(tmp_path, backend="torch").embed_raw(grey)

@@ -94,7 +94,7 @@ class LtpFusedEmbedding(nn.Module):
         self.kept_columns = [(c + 1) // 2 for c in self.cells_per_row]
         kept = sum(c * k for c, k in zip(self.cells_per_row, self.kept_columns, strict=True))
         self.kept_cells = kept
-        # each kept cell's basis for its (face, mirror) histogram pair, int8 with a scale a column
+        # each kept cell's own basis (59 bins to cell_components), int8 with a scale a column
         self.register_buffer(
             "cell_basis_int8",
             torch.zeros(kept, NUM_LBP_BINS, self.cell_components, dtype=torch.int8),
@@ -111,17 +111,16 @@ class LtpFusedEmbedding(nn.Module):
         self.register_buffer("projection_scale", torch.zeros(num_components))
         self.register_buffer("bias", torch.zeros(num_components))
 
-    def _kept_cell_pairs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(N, kept_cells, 59)`` twice: each kept cell's histograms in ``h`` and those of the
-        cell that mirrors it (column ``n − 1 − j`` of its row; itself in a middle column)."""
-        cells, reflected, start = [], [], 0
+    def _kept_cells(self, h: torch.Tensor) -> torch.Tensor:
+        """``(N, kept_cells, 59)``: the histograms in ``h`` of the kept cells (the left
+        ``⌈n / 2⌉`` columns of each block's rows), in the order of the stored bases."""
+        cells, start = [], 0
         for per_row, keep in zip(self.cells_per_row, self.kept_columns, strict=True):
             size = per_row * per_row * NUM_LBP_BINS
             grid = h[:, start : start + size].reshape(-1, per_row, per_row, NUM_LBP_BINS)
             start += size
             cells.append(grid[:, :, :keep].flatten(1, 2))
-            reflected.append(grid.flip(2)[:, :, :keep].flatten(1, 2))
-        return torch.cat(cells, dim=1), torch.cat(reflected, dim=1)
+        return torch.cat(cells, dim=1)
 
     def _middle_column_weights(self) -> torch.Tensor:
         """``(kept_cells,)``: ``1/√2`` for the cells of a middle column, 1 elsewhere."""
@@ -216,7 +215,7 @@ class LtpFusedEmbedding(nn.Module):
         for start in range(0, len(images), batch_size):
             h = self.histograms(images[start : start + batch_size].float())
             # flip-summed histograms of the kept cells, float32: 0.1 MB a face
-            chunks.append(self._kept_cell_pairs(h + h[:, self.mirror.long()])[0])
+            chunks.append(self._kept_cells(h + h[:, self.mirror.long()]))
         summed = torch.cat(chunks)  # (N, kept, 59)
         centred = summed.double() - summed.double().mean(dim=0)
         scatter = torch.einsum("nki,nkj->kij", centred, centred)

@@ -130,6 +130,7 @@ def test_a_baseline_is_timed_in_the_same_passes_alternating(cost, export, tmp_pa
     assert base["backbone_onnx_bytes"] == result["backbone_onnx_bytes"]
     # the ratio comes from unrounded times; the reported ms are rounded to 0.001 and the ratio to
     # 0.001, so it must lie in the interval those roundings allow
-    b, e, half = base["network_with_flip_ms_per_face"], result["network_with_flip_ms_per_face"], 5e-4
+    b, e = base["network_with_flip_ms_per_face"], result["network_with_flip_ms_per_face"]
+    half = 5e-4
     low, high = (b - half) / (e + half) - half, (b + half) / (e - half) + half
     assert low <= result["baseline_ms_over_export_ms"] <= high

@@ -51,6 +51,13 @@ def test_the_recorded_runs_are_the_recipe_tables(curve):
     assert one.seeds == (0, 1, 2) and by_label[one.label] == [90.89, 89.90, 89.64]
     assert 100 * one.mean == pytest.approx(90.14, abs=0.006)
     assert 100 * one.sd == pytest.approx(0.66, abs=0.006)
+    # the same section, "Each cell its own basis, half the grid": the preset's descriptor now
+    cells = groups[
+        "one network, a basis a cell and half the grid, 20:600 (lfw_dev_val_onefile.yaml now)"
+    ]
+    assert cells.seeds == (0, 1, 2) and by_label[cells.label] == [90.19, 90.26, 89.31]
+    assert 100 * cells.mean == pytest.approx(89.92, abs=0.006)
+    assert 100 * cells.sd == pytest.approx(0.53, abs=0.006)
 
 
 @pytest.mark.parametrize(

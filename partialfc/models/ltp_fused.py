@@ -217,8 +217,13 @@ class LtpFusedEmbedding(nn.Module):
             # flip-summed histograms of the kept cells, float32: 0.1 MB a face
             chunks.append(self._kept_cells(h + h[:, self.mirror.long()]))
         summed = torch.cat(chunks)  # (N, kept, 59)
-        centred = summed.double() - summed.double().mean(dim=0)
-        scatter = torch.einsum("nki,nkj->kij", centred, centred)
+        # each cell's scatter about its mean, in float64 a batch at a time (no float64 copy of
+        # every face's histograms)
+        mean = summed.mean(dim=0, dtype=torch.float64)
+        scatter = sum(
+            torch.einsum("nki,nkj->kij", centred, centred)
+            for centred in (chunk.double() - mean for chunk in summed.split(batch_size))
+        )
         _, axes = torch.linalg.eigh(scatter)  # ascending eigenvalues, per cell
         basis = axes.flip(2)[:, :, : self.cell_components]
         # a middle column (odd rows) stands for one cell of the whole grid, the others for two:
@@ -230,10 +235,8 @@ class LtpFusedEmbedding(nn.Module):
         stored_basis = self.cell_basis().double()
         features = torch.cat(
             [
-                (summed[i : i + batch_size].double().transpose(0, 1) @ stored_basis)
-                .transpose(0, 1)
-                .flatten(1)
-                for i in range(0, len(summed), batch_size)
+                (chunk.double().transpose(0, 1) @ stored_basis).transpose(0, 1).flatten(1)
+                for chunk in summed.split(batch_size)
             ]
         )
         fitted = LbpWccnEmbedder(num_components=self.num_components, regularization=regularization)

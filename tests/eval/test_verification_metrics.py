@@ -150,6 +150,33 @@ def test_kfold_threshold_comes_from_other_folds():
     assert [a.k for a in r.fold_accuracy[1:]] == [4, 4]
     assert r.mean == pytest.approx((0.75 + 1 + 1) / 3)
     assert r.std == pytest.approx(np.std([0.75, 1, 1]))
+    # at its own best threshold (~0.75 for fold 0) every fold is right on all 4 pairs
+    assert [(a.k, a.n) for a in r.fold_best_accuracy] == [(4, 4)] * 3
+
+
+def test_kfold_own_threshold_accuracy_bounds_the_carried_one():
+    # two folds whose scores sit at different heights: each separates perfectly at its own
+    # threshold, and each is scored at the other's (fold 1's best is 0.175, which accepts
+    # fold 0's 0.2 impostor; fold 0's best is 0.4, which rejects both of fold 1's genuines)
+    scores = [0.6, 0.7, 0.1, 0.2, 0.3, 0.35, 0.0, 0.05]
+    same = [1, 1, 0, 0, 1, 1, 0, 0]
+    r = kfold_accuracy(scores, same, folds=[0, 0, 0, 0, 1, 1, 1, 1])
+    assert r.fold_threshold == pytest.approx([0.175, 0.4])
+    assert [a.k for a in r.fold_accuracy] == [3, 2]
+    assert [a.k for a in r.fold_best_accuracy] == [4, 4]
+
+
+def test_kfold_own_threshold_accuracy_is_the_best_over_every_threshold():
+    rng = np.random.default_rng(5)
+    scores = np.round(np.concatenate([rng.normal(0.4, 0.2, 60), rng.normal(0.1, 0.2, 60)]), 2)
+    same = np.r_[np.ones(60, bool), np.zeros(60, bool)]
+    folds = rng.integers(0, 3, 120)
+    r = kfold_accuracy(scores, same, folds=folds)
+    for fold, best in enumerate(r.fold_best_accuracy):
+        s, g = scores[folds == fold], same[folds == fold]
+        by_hand = max(np.mean((s >= t) == g) for t in np.r_[s, np.inf])  # every cut point
+        assert best.rate == pytest.approx(by_hand)
+        assert best.rate >= r.fold_accuracy[fold].rate
 
 
 def test_bad_input_names_the_argument():

@@ -229,8 +229,8 @@ class LtpFusedEmbedding(nn.Module):
         # a middle column (odd rows) stands for one cell of the whole grid, the others for two:
         # weighted 1/√2 against them, so that PCA and WCCN see the whole grid's descriptor
         basis = basis * self._middle_column_weights().to(basis.dtype).view(-1, 1, 1)
-        scale = basis.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0
-        self.cell_basis_int8.copy_(torch.round(basis / scale).to(torch.int8))
+        stored, scale = _symmetric_int8(basis, dim=1)
+        self.cell_basis_int8.copy_(stored.to(torch.int8))
         self.cell_basis_scale.copy_(scale.float())
         stored_basis = self.cell_basis().double()
         features = torch.cat(
@@ -242,12 +242,11 @@ class LtpFusedEmbedding(nn.Module):
         fitted = LbpWccnEmbedder(num_components=self.num_components, regularization=regularization)
         fitted.fit_descriptors(features.numpy(), labels)
         projection = torch.from_numpy(fitted.projection).double()
-        scale = projection.abs().amax(dim=0).clamp_min(1e-30) / 127.0
-        stored = torch.round(projection / scale)
+        stored, scale = _symmetric_int8(projection, dim=0)
         # the bias from the stored W, so that the rounding errors cancel on the mean face
         bias = -(torch.from_numpy(fitted.mean).double() @ (stored * scale))
         self.projection_int8.copy_(stored.to(torch.int8))
-        self.projection_scale.copy_(scale.float())
+        self.projection_scale.copy_(scale.squeeze(0).float())
         self.bias.copy_(bias.float())
         return self
 
@@ -286,6 +285,13 @@ def iresnet_tiny_ltp_noflip(
     model = iresnet_tiny_ltp(embedding_dim, input_size, in_channels, dropout)
     model.flip_test = False
     return model
+
+
+def _symmetric_int8(values: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)`` with ``values ≈ q · scale``: ``q`` the rounded integers in −127..127 (still
+    floating point) and ``scale = max |values| / 127`` along ``dim`` (kept as a size-1 axis)."""
+    scale = values.abs().amax(dim=dim, keepdim=True).clamp_min(1e-30) / 127.0
+    return torch.round(values / scale), scale
 
 
 def _side(size) -> int:

@@ -1170,11 +1170,13 @@ def main(argv: list[str] | None = None) -> int:
         if not np.isfinite(value) or value < 0:
             parser.error(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
     recipe, cfg = load_recipe(args.config, args.set)
+    from partialfc.train.allocator import keep_freed_memory
     from partialfc.train.threads import apply_num_threads
 
     # face detection for the alignment and the evaluation run with the training's thread count
     # (torch's default, one thread per core, oversubscribes a CPU shared by side-by-side runs)
     apply_num_threads(cfg.train.num_threads, cfg.data.num_workers)
+    keep_freed_memory()  # as `partialfc train` does: each step reuses the last step's memory
     if args.evaluate:
         result = evaluate_models(recipe, args.evaluate, args.shift_average)
         if args.out:

@@ -155,9 +155,11 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
 
     ``make_extra_losses(cfg, device) -> list`` supplies extra loss terms (``partialfc distill``).
     """
+    from partialfc.train.allocator import keep_freed_memory
     from partialfc.train.threads import passive_wait_environment
 
     os.environ.update(passive_wait_environment(os.environ))  # before OpenMP starts (torch)
+    keep_freed_memory()  # each step reuses the last step's memory instead of faulting it in
     import yaml
 
     from partialfc.train.config import ConfigError, config_to_dict, load_config

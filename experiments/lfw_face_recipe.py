@@ -1176,7 +1176,8 @@ def main(argv: list[str] | None = None) -> int:
     # face detection for the alignment and the evaluation run with the training's thread count
     # (torch's default, one thread per core, oversubscribes a CPU shared by side-by-side runs)
     apply_num_threads(cfg.train.num_threads, cfg.data.num_workers)
-    keep_freed_memory()  # as `partialfc train` does: each step reuses the last step's memory
+    if cfg.train.keep_freed_memory:  # as `partialfc train` does
+        keep_freed_memory()
     if args.evaluate:
         result = evaluate_models(recipe, args.evaluate, args.shift_average)
         if args.out:

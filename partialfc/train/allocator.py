@@ -5,15 +5,16 @@ malloc serves a block at or above its mmap threshold with a fresh ``mmap`` and u
 ``free``, and returns the free top of a heap to the kernel once it exceeds the trim threshold.
 Both thresholds adapt upward on their own (``mallopt(3)``), but with several threads and many
 block sizes the next step still finds much of its memory gone: the kernel maps it back page by
-page, zero-filled, on first touch. On the Omniglot main job that was 2.5–5.1 M minor page faults
-in 300 steps, and 10–18 s of the 54 s spent in the kernel.
+page, zero-filled, on first touch. In 5 of 6 runs of the Omniglot main job's first 300 steps that
+was 4.2–5.1 M minor page faults and 12–16 s in the kernel (the sixth: 0.19 M; which one a run gets
+depends on the order in which its threads free their blocks).
 
 :func:`keep_freed_memory` fixes the mmap threshold at glibc's largest, 32 MiB on a 64-bit system
 (smaller blocks come from the heap and are reused), and the trim threshold at 2 GiB, the largest
 ``mallopt`` takes (free memory stays mapped). The same 300 steps then take 0.18 M page faults and
-6 s in the kernel, and about a quarter less time; the arithmetic is untouched (the same loss to
-the last digit). The process's resident memory stays at its peak, which a training process
-reaches on its first steps anyway.
+5 s in the kernel in every run, and the whole main job 10.3 minutes instead of 13.6 on the same
+machine; the arithmetic is untouched (the same loss to the last digit). The process's resident
+memory stays at its peak, which a training process reaches on its first steps anyway.
 
 Setting either threshold alone turns the adaptation off and makes matters worse, so both are set
 together, and neither is set when the environment already tunes malloc (``MALLOC_*_`` variables

@@ -159,7 +159,6 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     from partialfc.train.threads import passive_wait_environment
 
     os.environ.update(passive_wait_environment(os.environ))  # before OpenMP starts (torch)
-    keep_freed_memory()  # each step reuses the last step's memory instead of faulting it in
     import yaml
 
     from partialfc.train.config import ConfigError, config_to_dict, load_config
@@ -177,6 +176,8 @@ def train_and_report(args: argparse.Namespace, prog: str, make_extra_losses=None
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
+    if cfg.train.keep_freed_memory:
+        keep_freed_memory()  # each step reuses the last step's memory instead of faulting it in
     missing = _missing_extra(cfg)
     if missing:
         print(f"{prog}: {missing}", file=sys.stderr)

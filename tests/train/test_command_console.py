@@ -1,5 +1,6 @@
-"""What ``partialfc train`` says before it trains: the start banner, the one-line error for a
-missing optional package, and the OpenMP wait policy it asks for."""
+"""What ``partialfc train`` says and sets before it trains: the start banner, the one-line error
+for a missing optional package, the OpenMP wait policy it asks for, and whether it keeps freed
+memory (``train.keep_freed_memory``)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,17 @@ def test_train_asks_for_a_passive_openmp_wait_policy_unless_one_is_set(monkeypat
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_train_keeps_freed_memory_only_when_the_config_asks(monkeypatch, tmp_path):
+    import partialfc.train.allocator as allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # stop right after the setting applies
+    args = ["train", "--config", str(PRESET), "--set", "run.tensorboard=true", "--no-eval"]
+    args += ["--set", f"run.output_dir={tmp_path}"]
+    assert main(args) == 2
+    assert calls == [1]  # the preset's default: on
+    assert main([*args, "--set", "train.keep_freed_memory=false"]) == 2
+    assert calls == [1]

@@ -34,6 +34,7 @@ from .identification import (
 )
 from .intervals import Proportion, clopper_pearson, proportion
 from .pair_scoring import PairScoreSummary, count_scores_at_least, score_all_pairs
+from .paired import PairedAccuracyComparison, compare_kfold_accuracy, mcnemar_exact_p
 from .report_writer import write_report
 from .reports import (
     IdentificationReport,
@@ -71,6 +72,7 @@ __all__ = [
     "MatedSearch",
     "OpenSetPoint",
     "PairScoreSummary",
+    "PairedAccuracyComparison",
     "Proportion",
     "RocCurve",
     "SubgroupReport",
@@ -81,6 +83,7 @@ __all__ = [
     "clopper_pearson",
     "cmc",
     "cmc_from_ranks",
+    "compare_kfold_accuracy",
     "count_scores_at_least",
     "embed_images",
     "equal_error_rate",
@@ -92,6 +95,7 @@ __all__ = [
     "kfold_accuracy",
     "l2_normalize",
     "mated_search",
+    "mcnemar_exact_p",
     "open_set_identification",
     "pool_media_templates",
     "pool_templates",

@@ -1,0 +1,131 @@
+"""Paired comparison of two scorings of the same pairs: McNemar's exact test by hand, the
+accuracies against kfold_accuracy, the bootstrap interval's behaviour."""
+
+import numpy as np
+import pytest
+
+from partialfc.eval import compare_kfold_accuracy, kfold_accuracy, mcnemar_exact_p
+
+
+@pytest.mark.parametrize(
+    ("b", "c", "expected"),
+    [
+        (2, 8, 2 * (1 + 10 + 45) / 2**10),  # 2 · P(X ≤ 2), X ~ Bin(10, ½) = 112/1024
+        (8, 2, 2 * (1 + 10 + 45) / 2**10),
+        (0, 6, 2 / 2**6),
+        (1, 1, 1.0),  # 2 · P(X ≤ 1) = 2 · 3/4 > 1
+        (0, 0, 1.0),
+    ],
+)
+def test_mcnemar_exact_p_by_hand(b, c, expected):
+    assert mcnemar_exact_p(b, c) == pytest.approx(expected, rel=1e-12)
+
+
+def _pairs(rng, n_per_stratum=150, folds=2, noise=1.0):
+    same = np.tile(np.repeat([True, False], n_per_stratum), folds)
+    fold = np.repeat(np.arange(folds), 2 * n_per_stratum)
+    signal = np.where(same, 1.0, -1.0)
+    return signal, same, fold, lambda scale=noise: signal + scale * rng.standard_normal(signal.size)
+
+
+def test_accuracies_and_counts_match_kfold_accuracy():
+    rng = np.random.default_rng(1)
+    _, same, fold, draw = _pairs(rng)
+    a, b = draw(), draw()
+    result = compare_kfold_accuracy(a, b, same, fold, resamples=50)
+    expected_a = kfold_accuracy(a, same, folds=fold).mean
+    expected_b = kfold_accuracy(b, same, folds=fold).mean
+    assert result.accuracy_a == pytest.approx(expected_a, abs=1e-15)
+    assert result.accuracy_b == pytest.approx(expected_b, abs=1e-15)
+    # equal folds: the accuracy difference is the discordant pairs' balance over all pairs
+    assert result.difference == pytest.approx(
+        (result.only_a_right - result.only_b_right) / same.size, abs=1e-15
+    )
+    assert result.only_a_right + result.only_b_right > 0
+    assert result.mcnemar_p == mcnemar_exact_p(result.only_a_right, result.only_b_right)
+
+
+def test_repeats_average_accuracies_and_sum_counts():
+    rng = np.random.default_rng(2)
+    _, same, fold, draw = _pairs(rng)
+    a, b = np.stack([draw(), draw(), draw()]), np.stack([draw(), draw(), draw()])
+    result = compare_kfold_accuracy(a, b, same, fold, resamples=20)
+    rows = [
+        compare_kfold_accuracy(x, y, same, fold, resamples=1) for x, y in zip(a, b, strict=True)
+    ]
+    assert result.n_repeats == 3
+    assert result.accuracy_a == pytest.approx(np.mean([r.accuracy_a for r in rows]), abs=1e-15)
+    assert result.accuracy_b == pytest.approx(np.mean([r.accuracy_b for r in rows]), abs=1e-15)
+    assert result.only_a_right == sum(r.only_a_right for r in rows)
+    assert result.only_b_right == sum(r.only_b_right for r in rows)
+
+
+def test_identical_scorings_differ_by_nothing():
+    rng = np.random.default_rng(3)
+    _, same, fold, draw = _pairs(rng)
+    a = draw()
+    result = compare_kfold_accuracy(a, a.copy(), same, fold, resamples=100)
+    assert result.difference == 0.0
+    assert result.interval == (0.0, 0.0)
+    assert (result.only_a_right, result.only_b_right, result.mcnemar_p) == (0, 0, 1.0)
+
+
+def test_interval_excludes_zero_only_for_a_real_difference():
+    rng = np.random.default_rng(4)
+    _, same, fold, draw = _pairs(rng, n_per_stratum=300)
+    good, bad = draw(0.5), draw(2.0)  # noise sd 0.5 against 2: ~98 % against ~69 % right
+    clear = compare_kfold_accuracy(good, bad, same, fold, resamples=300)
+    assert clear.interval[0] > 0.2 and clear.mcnemar_p < 1e-12
+    assert clear.interval[0] <= clear.difference <= clear.interval[1]
+    a, b = draw(), draw()  # two draws of the same model
+    level = compare_kfold_accuracy(a, b, same, fold, resamples=300)
+    assert level.interval[0] < 0 < level.interval[1]
+    # the interval is of the difference's sampling spread: about √(discordant) / n wide
+    width = level.interval[1] - level.interval[0]
+    discordant = level.only_a_right + level.only_b_right
+    assert 0.5 < width / (2 * 1.96 * np.sqrt(discordant) / same.size) < 2.0
+
+
+def test_resamples_keep_each_fold_and_its_balance():
+    # a constant scoring is right on exactly the impostors of a fold (a tie between accepting and
+    # rejecting everything, on balanced folds, rejects): 50 % on any resample that keeps every
+    # (fold, genuine / impostor) count, against 100 % for a separating scoring; a resample
+    # that mixed the strata would move it
+    rng = np.random.default_rng(9)
+    signal, same, fold, _ = _pairs(rng, n_per_stratum=40)
+    result = compare_kfold_accuracy(signal, np.zeros_like(signal), same, fold, resamples=200)
+    assert (result.accuracy_a, result.accuracy_b) == (1.0, 0.5)
+    assert result.interval == pytest.approx((0.5, 0.5), abs=1e-15)
+    assert (result.only_a_right, result.only_b_right) == (same.sum(), 0)
+
+
+def test_same_seed_same_interval():
+    rng = np.random.default_rng(5)
+    _, same, fold, draw = _pairs(rng)
+    a, b = draw(), draw()
+    first = compare_kfold_accuracy(a, b, same, fold, resamples=40, seed=7)
+    again = compare_kfold_accuracy(a, b, same, fold, resamples=40, seed=7)
+    other = compare_kfold_accuracy(a, b, same, fold, resamples=40, seed=8)
+    assert first.interval == again.interval
+    assert first.interval != other.interval
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"scores_b": np.zeros(5)}, "scores_b has 5 pairs"),
+        ({"scores_a": np.full(600, np.nan)}, "scores_a contains NaN"),
+        ({"folds": np.zeros(600, int)}, "two folds or more"),
+        ({"folds": np.zeros(5, int)}, "folds has 5 entries"),
+        ({"resamples": 0}, "resamples must be >= 1"),
+        ({"confidence": 1.0}, "confidence must be in"),
+    ],
+)
+def test_bad_input_names_the_argument(change, message):
+    rng = np.random.default_rng(6)
+    _, same, fold, draw = _pairs(rng)
+    args = {"scores_a": draw(), "scores_b": draw(), "is_genuine": same, "folds": fold}
+    args["resamples"] = 5
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        compare_kfold_accuracy(**args)

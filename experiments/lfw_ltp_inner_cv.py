@@ -15,6 +15,12 @@ threshold set by the impostors alone. What is scored is the stored int8 projecti
 export runs. The preset's validation folds are never read, so a setting chosen here can be
 reported on them afterwards.
 
+With ``--pairs`` the held-out material is LFW pairs instead, as the validation folds score a
+model: every two training folds with pairs (folds 1-5) are held out in turn, the descriptor is
+fitted on the other training folds, and the pairs of the two held-out folds are scored, grey and
+colour (``recipe.pair_sources``), as the reported accuracy (each fold at the threshold that is
+best on the other), each fold at its own best threshold, and ROC AUC.
+
 With ``--side-file-config`` the side-file descriptor of a fused preset
 (:class:`partialfc.models.lbp.LbpWccnEmbedder` with that preset's ``lbp_*`` keys, fitted by
 :func:`experiments.lfw_face_recipe.fit_lbp` on the same training images) is scored on the same
@@ -190,6 +196,105 @@ def run(recipe, settings: list[Setting], side_file=None) -> dict:
     return {"folds": fold_info, "rows": rows, "means": summarise(rows)}
 
 
+def pair_splits(recipe) -> list[tuple[list[int], list[int]]]:
+    """``(fitted on, held out)`` folds: every two training folds with pairs held out in turn,
+    the descriptor fitted on the other training folds (fold 0, the people in no pair, is always
+    fitted on)."""
+    from itertools import combinations
+
+    folds = sorted(recipe.train_folds)
+    paired = [f for f in folds if f != 0]
+    if len(paired) < 3:
+        raise ValueError(
+            f"--pairs holds out two training folds with pairs and fits on the rest: it needs "
+            f"three or more of folds 1-5 in recipe.train_folds, got {folds}"
+        )
+    return [([f for f in folds if f not in held], list(held)) for held in combinations(paired, 2)]
+
+
+def score_pairs(embed, pair_sets: dict, split) -> dict:
+    """Per pair source: the reported accuracy (threshold carried between the held-out folds),
+    each fold at its own best threshold, and ROC AUC of the cosines of ``embed(images)``."""
+    from partialfc.eval import kfold_accuracy, l2_normalize, roc_auc
+
+    out = {}
+    for source, pairs in pair_sets.items():
+        e = l2_normalize(np.asarray(embed(pairs.images), dtype=np.float64))
+        scores = np.sum(e[pairs.first] * e[pairs.second], axis=1)
+        same, folds = split.pairs.issame[pairs.keep], split.pairs.fold[pairs.keep]
+        accuracy = kfold_accuracy(scores, same, folds=folds)
+        out[source] = {
+            "accuracy": accuracy.mean,
+            "accuracy_at_own_threshold": float(
+                np.mean([a.rate for a in accuracy.fold_best_accuracy])
+            ),
+            "auc": float(roc_auc(scores[same], scores[~same])),
+            "n_pairs": int(scores.size),
+        }
+    return out
+
+
+def run_pairs(recipe, settings: list[Setting], side_file=None) -> dict:
+    """The ``--pairs`` mode (module docstring): a row per (held-out folds, descriptor) and each
+    descriptor's means over the splits."""
+    from functools import partial
+
+    rows = []
+    for fitted_on, held_out in pair_splits(recipe):
+        split = recipe_mod.build_split(replace(recipe, train_folds=fitted_on, val_folds=held_out))
+        if side_file is not None and side_file.lbp_components >= len(split.train_images):
+            raise ValueError(
+                f"the side file's recipe.lbp_components ({side_file.lbp_components}) must be "
+                f"below the {len(split.train_images)} training images of folds {fitted_on}"
+            )
+        pair_sets = {s: recipe_mod.pair_images(recipe, split, s) for s in recipe.pair_sources}
+        made = []
+        for setting in settings:
+            model = fit_setting(setting, split, recipe)
+            made.append(
+                {
+                    "descriptor": "in_graph",
+                    "setting": f"{setting.cell_components}:{setting.components}",
+                    **score_pairs(partial(texture_embeddings, model), pair_sets, split),
+                }
+            )
+        if side_file is not None:
+            side = recipe_mod.fit_lbp(split, side_file)
+            made.append(
+                {
+                    "descriptor": "side_file",
+                    "setting": f"side file, {side_file.lbp_components} components",
+                    **score_pairs(side, pair_sets, split),
+                }
+            )
+        for row in made:
+            row.update(fitted_on=fitted_on, held_out=held_out)
+            scored = ", ".join(
+                f"{s} {100 * row[s]['accuracy']:.2f} % "
+                f"({100 * row[s]['accuracy_at_own_threshold']:.2f}) AUC {row[s]['auc']:.4f}"
+                for s in recipe.pair_sources
+            )
+            print(f"held out {held_out}, {row['setting']}: {scored}", flush=True)
+        rows += made
+    means = []
+    for name in dict.fromkeys(r["setting"] for r in rows):
+        mine = [r for r in rows if r["setting"] == name]
+        means.append(
+            {
+                "setting": name,
+                "descriptor": mine[0]["descriptor"],
+                **{
+                    s: {
+                        key: float(np.mean([r[s][key] for r in mine]))
+                        for key in ("accuracy", "accuracy_at_own_threshold", "auc")
+                    }
+                    for s in recipe.pair_sources
+                },
+            }
+        )
+    return {"ternary_threshold": recipe.lbp_ternary_threshold, "rows": rows, "means": means}
+
+
 def _scored_row(fold: int, name: str, described: dict, embeddings, labels, start: float) -> dict:
     """The row of one fitted descriptor: ``described`` plus its held-out scores and the seconds
     since ``start`` (fit and scoring); printed as it is made."""
@@ -251,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also score the side-file descriptor of this fused preset (its lbp_* keys) on the "
         "same folds (default: none)",
     )
+    parser.add_argument(
+        "--pairs",
+        action="store_true",
+        help="score the LFW pairs of two held-out training folds at a time (reported accuracy, "
+        "own-threshold accuracy, AUC) instead of every pair of one held-out fold's faces",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", help="write the results to this JSON file")
     args = parser.parse_args(argv)
@@ -264,10 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe, _ = recipe_mod.load_recipe(args.config, args.set)
         side = side_file_recipe(recipe, args.side_file_config) if args.side_file_config else None
-        result = run(recipe, args.settings, side)
+        result = (run_pairs if args.pairs else run)(recipe, args.settings, side)
     except ValueError as error:  # a bad config, key or setting (ConfigError is one)
         parser.error(str(error))
-    for row in result["means"]:
+    for row in [] if args.pairs else result["means"]:
         name = (
             f"{row['cell_components']:2d}:{row['components']:<5d}"
             if row["descriptor"] == "in_graph"

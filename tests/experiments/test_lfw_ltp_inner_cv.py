@@ -158,3 +158,69 @@ def test_a_missing_config_is_named(capsys):
     with pytest.raises(SystemExit):
         lfw_ltp_inner_cv.main(["--config", "no_such_preset.yaml"])
     assert "config file not found: no_such_preset.yaml" in capsys.readouterr().err
+
+
+def _brute_force_kfold_accuracy(scores, same, folds):
+    """Each fold at the threshold that is best on the other, counted pair by pair: candidates
+    halfway between neighbouring scores (and beyond both ends), accept ``score >= t``, the
+    middle one of equally good candidates (the rule of ``partialfc.eval.best_threshold``)."""
+    rates = []
+    for fold in np.unique(folds):
+        test = folds == fold
+        values = np.unique(scores[~test])
+        candidates = [values[0] - 1, *((values[:-1] + values[1:]) / 2), values[-1] + 1]
+        right = np.array([np.sum((scores[~test] >= t) == same[~test]) for t in candidates])
+        best = np.flatnonzero(right == right.max())
+        threshold = candidates[best[len(best) // 2]]
+        rates.append(np.mean((scores[test] >= threshold) == same[test]))
+    return float(np.mean(rates))
+
+
+def test_pairs_mode_scores_two_held_out_folds_and_never_reads_the_validation_folds(
+    shared_data, monkeypatch
+):
+    recipe = replace(_small_recipe(shared_data), train_folds=[1, 2, 3], max_train_images=120)
+    assert lfw_ltp_inner_cv.pair_splits(recipe) == [([3], [1, 2]), ([2], [1, 3]), ([1], [2, 3])]
+    requested = []
+    select = lfw_face_recipe._select_people
+
+    def recording(faces, folds):
+        requested.extend(folds)
+        return select(faces, folds)
+
+    monkeypatch.setattr(lfw_face_recipe, "_select_people", recording)
+    result = lfw_ltp_inner_cv.run_pairs(recipe, [lfw_ltp_inner_cv.Setting(4, 8)])
+    assert not set(requested) & {4, 5}
+    assert [(r["fitted_on"], r["held_out"]) for r in result["rows"]] == [
+        ([3], [1, 2]),
+        ([2], [1, 3]),
+        ([1], [2, 3]),
+    ]
+
+    # the last row recomputed: the same fit on fold 1, its pairs of folds 2 and 3 scored by
+    # scikit-learn (AUC) and a brute-force threshold search (accuracy)
+    from sklearn.metrics import roc_auc_score
+
+    split = lfw_face_recipe.build_split(replace(recipe, train_folds=[1], val_folds=[2, 3]))
+    model = lfw_ltp_inner_cv.fit_setting(lfw_ltp_inner_cv.Setting(4, 8), split, recipe)
+    row = result["rows"][-1]
+    for source in ("grey", "colour"):
+        pairs = lfw_face_recipe.pair_images(recipe, split, source)
+        e = lfw_ltp_inner_cv.texture_embeddings(model, pairs.images)
+        e /= np.linalg.norm(e, axis=1, keepdims=True)
+        scores = np.sum(e[pairs.first] * e[pairs.second], axis=1)
+        same, folds = split.pairs.issame[pairs.keep], split.pairs.fold[pairs.keep]
+        assert set(folds) == {2, 3}
+        assert row[source]["n_pairs"] == scores.size
+        assert row[source]["auc"] == pytest.approx(roc_auc_score(same, scores), abs=1e-9)
+        expected = _brute_force_kfold_accuracy(scores, same, folds)
+        assert row[source]["accuracy"] == pytest.approx(expected, abs=1e-12)
+        assert row[source]["accuracy_at_own_threshold"] >= row[source]["accuracy"]
+    mean = result["means"][0]
+    assert mean["grey"]["auc"] == pytest.approx(np.mean([r["grey"]["auc"] for r in result["rows"]]))
+
+
+def test_pairs_mode_needs_three_folds_with_pairs(shared_data):
+    recipe = replace(_small_recipe(shared_data), train_folds=[0, 1, 2])
+    with pytest.raises(ValueError, match=r"three or more of folds 1-5 .* got \[0, 1, 2\]"):
+        lfw_ltp_inner_cv.pair_splits(recipe)

@@ -34,7 +34,12 @@ from .identification import (
 )
 from .intervals import Proportion, clopper_pearson, proportion
 from .pair_scoring import PairScoreSummary, count_scores_at_least, score_all_pairs
-from .paired import PairedAccuracyComparison, compare_kfold_accuracy, mcnemar_exact_p
+from .paired import (
+    PairedAccuracyComparison,
+    compare_kfold_accuracy,
+    correct_at_carried_threshold,
+    mcnemar_exact_p,
+)
 from .report_writer import write_report
 from .reports import (
     IdentificationReport,
@@ -84,6 +89,7 @@ __all__ = [
     "cmc",
     "cmc_from_ranks",
     "compare_kfold_accuracy",
+    "correct_at_carried_threshold",
     "count_scores_at_least",
     "embed_images",
     "equal_error_rate",

@@ -15,7 +15,10 @@ the same pairs, so their accuracies are compared pair by pair, not as two indepe
   threshold's own noise (it is chosen on a few hundred pairs) is inside the interval.
 
 Scores may be ``(P,)`` or ``(R, P)``: ``R`` repeats of a model (seeds, say) on the same ``P``
-pairs, whose accuracy is the mean of the rows' (McNemar's counts are summed over the rows).
+pairs, whose accuracy is the mean of the rows'. McNemar's counts are then summed over the rows,
+which treats the repeats' decisions as independent; they are not (the same pairs, often much of
+the same model), so with repeats the p-value is optimistic and the bootstrap interval, which
+resamples pairs once for all rows, is the measure to read.
 """
 
 from __future__ import annotations
@@ -79,8 +82,20 @@ def _rows(scores, name: str, n_pairs: int | None = None) -> np.ndarray:
     return s
 
 
+def correct_at_carried_threshold(scores, is_genuine, folds) -> np.ndarray:
+    """``(pairs,)`` bool: whether each pair is decided correctly (accept ``score >= t``) at the
+    threshold that is best on the other folds, as :func:`kfold_accuracy` decides it."""
+    scores = _rows(scores, "scores")
+    if scores.shape[0] != 1:
+        raise ValueError(f"scores must be (pairs,), got shape {np.shape(scores)}")
+    same = as_bool(is_genuine, "is_genuine", scores.shape[1])
+    folds = np.asarray(folds).reshape(-1)
+    if folds.size != same.size:
+        raise ValueError(f"folds has {folds.size} entries, expected {same.size}")
+    return _correct_by_carried_threshold(scores[0], same, folds)
+
+
 def _correct_by_carried_threshold(scores: np.ndarray, same: np.ndarray, folds: np.ndarray):
-    """``(pairs,)`` bool: each pair decided at the threshold best on the other folds."""
     right = np.empty(scores.size, dtype=bool)
     for fold in np.unique(folds):
         test = folds == fold

@@ -4,7 +4,12 @@ accuracies against kfold_accuracy, the bootstrap interval's behaviour."""
 import numpy as np
 import pytest
 
-from partialfc.eval import compare_kfold_accuracy, kfold_accuracy, mcnemar_exact_p
+from partialfc.eval import (
+    compare_kfold_accuracy,
+    correct_at_carried_threshold,
+    kfold_accuracy,
+    mcnemar_exact_p,
+)
 
 
 @pytest.mark.parametrize(
@@ -43,6 +48,19 @@ def test_accuracies_and_counts_match_kfold_accuracy():
     )
     assert result.only_a_right + result.only_b_right > 0
     assert result.mcnemar_p == mcnemar_exact_p(result.only_a_right, result.only_b_right)
+
+
+def test_decisions_at_the_carried_threshold_are_kfold_accuracys():
+    rng = np.random.default_rng(10)
+    _, same, fold, draw = _pairs(rng, folds=3)
+    a = draw()
+    right = correct_at_carried_threshold(a, same, fold)
+    expected = kfold_accuracy(a, same, folds=fold)
+    assert [right[fold == f].mean() for f in range(3)] == [
+        pytest.approx(p.rate, abs=1e-15) for p in expected.fold_accuracy
+    ]
+    with pytest.raises(ValueError, match=r"scores must be \(pairs,\)"):
+        correct_at_carried_threshold(np.stack([a, a]), same, fold)
 
 
 def test_repeats_average_accuracies_and_sum_counts():

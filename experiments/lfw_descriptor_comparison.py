@@ -103,17 +103,33 @@ def run(runs: list[str], one_network, side_file, resamples: int = 2000, seed: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", nargs="+", required=True, help="validation run folders")
-    parser.add_argument("--config", default="configs/lfw_dev_val_onefile.yaml")
-    parser.add_argument("--side-file-config", default="configs/lfw_dev_val_fused.yaml")
+    parser.add_argument(
+        "--runs", nargs="+", required=True, help="validation run folders (required)"
+    )
+    parser.add_argument(
+        "--config",
+        default="configs/lfw_dev_val_onefile.yaml",
+        help="the one-network validation preset the runs were trained with (default "
+        "configs/lfw_dev_val_onefile.yaml)",
+    )
+    parser.add_argument(
+        "--side-file-config",
+        default="configs/lfw_dev_val_fused.yaml",
+        help="the fused preset whose side-file descriptor is fitted beside the same networks "
+        "(default configs/lfw_dev_val_fused.yaml)",
+    )
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (2000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (0)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--out", help="write the results to this JSON file")
+    parser.add_argument("--out", help="write the results to this JSON file (default: print only)")
     args = parser.parse_args(argv)
+    from partialfc.backbone.io import newest_checkpoint
+
     for path in args.runs:
         if not Path(path).is_dir():
             parser.error(f"--runs: {path} is not a run folder")
+        if newest_checkpoint(path) is None:
+            parser.error(f"--runs: {path} holds no checkpoint (model.json) to score")
     if args.resamples < 1:
         parser.error(f"--resamples must be >= 1, got {args.resamples}")
     if args.out and not Path(args.out).resolve().parent.is_dir():

@@ -63,6 +63,12 @@ def test_arguments_are_checked_before_any_work(tmp_path, capsys):
         comparison.main(["--runs", str(tmp_path / "missing")])
     assert "missing is not a run folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        comparison.main(["--runs", str(tmp_path)])
+    assert f"{tmp_path} holds no checkpoint" in capsys.readouterr().err
+    checkpoint = tmp_path / "checkpoints" / "step-00000001"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "model.json").write_text("{}")
+    with pytest.raises(SystemExit):
         comparison.main(["--runs", str(tmp_path), "--resamples", "0"])
     assert "--resamples must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):

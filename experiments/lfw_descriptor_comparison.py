@@ -130,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--runs: {path} is not a run folder")
         if newest_checkpoint(path) is None:
             parser.error(f"--runs: {path} holds no checkpoint (model.json) to score")
-    if args.resamples < 1:
-        parser.error(f"--resamples must be >= 1, got {args.resamples}")
+    if args.resamples < 1 or args.threads < 1:
+        parser.error(
+            f"--resamples and --threads must be >= 1, got {args.resamples}, {args.threads}"
+        )
     if args.out and not Path(args.out).resolve().parent.is_dir():
         parser.error(f"--out: the folder of {args.out} does not exist")
     import torch

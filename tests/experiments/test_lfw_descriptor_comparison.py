@@ -70,7 +70,7 @@ def test_arguments_are_checked_before_any_work(tmp_path, capsys):
     (checkpoint / "model.json").write_text("{}")
     with pytest.raises(SystemExit):
         comparison.main(["--runs", str(tmp_path), "--resamples", "0"])
-    assert "--resamples must be >= 1" in capsys.readouterr().err
+    assert "--resamples and --threads must be >= 1, got 0, 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         comparison.main(
             ["--runs", str(tmp_path), "--config", str(REPO / "configs" / "lfw_dev_val_fused.yaml")]

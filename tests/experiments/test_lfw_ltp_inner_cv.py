@@ -31,8 +31,8 @@ def _small_recipe(shared_data):
     return recipe
 
 
-def test_rows_score_the_held_out_fold_and_never_read_the_validation_folds(shared_data, monkeypatch):
-    recipe = _small_recipe(shared_data)
+def _record_selected_folds(monkeypatch) -> list[int]:
+    """Every fold whose people the recipe selects from now on (folds 4-5 must never be)."""
     requested = []
     select = lfw_face_recipe._select_people
 
@@ -41,6 +41,13 @@ def test_rows_score_the_held_out_fold_and_never_read_the_validation_folds(shared
         return select(faces, folds)
 
     monkeypatch.setattr(lfw_face_recipe, "_select_people", recording)
+    return requested
+
+
+def test_rows_score_the_held_out_fold_and_never_read_the_validation_folds(shared_data, monkeypatch):
+    recipe = _small_recipe(shared_data)
+    select = lfw_face_recipe._select_people
+    requested = _record_selected_folds(monkeypatch)
     result = lfw_ltp_inner_cv.run(recipe, [lfw_ltp_inner_cv.Setting(4, 8)])
     assert not set(requested) & {4, 5}
     assert [(r["held_out_fold"], r["projection_bytes"]) for r in result["rows"]] == [
@@ -181,14 +188,7 @@ def test_pairs_mode_scores_two_held_out_folds_and_never_reads_the_validation_fol
 ):
     recipe = replace(_small_recipe(shared_data), train_folds=[1, 2, 3], max_train_images=120)
     assert lfw_ltp_inner_cv.pair_splits(recipe) == [([3], [1, 2]), ([2], [1, 3]), ([1], [2, 3])]
-    requested = []
-    select = lfw_face_recipe._select_people
-
-    def recording(faces, folds):
-        requested.extend(folds)
-        return select(faces, folds)
-
-    monkeypatch.setattr(lfw_face_recipe, "_select_people", recording)
+    requested = _record_selected_folds(monkeypatch)
     result = lfw_ltp_inner_cv.run_pairs(recipe, [lfw_ltp_inner_cv.Setting(4, 8)])
     assert not set(requested) & {4, 5}
     assert [(r["fitted_on"], r["held_out"]) for r in result["rows"]] == [

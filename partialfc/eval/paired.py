@@ -104,10 +104,14 @@ def _correct_by_carried_threshold(scores: np.ndarray, same: np.ndarray, folds: n
     return right
 
 
-def _kfold_mean(scores: np.ndarray, same: np.ndarray, folds: np.ndarray) -> float:
-    """Mean over folds of the carried-threshold accuracy (as ``kfold_accuracy(...).mean``)."""
-    right = _correct_by_carried_threshold(scores, same, folds)
+def _fold_mean(right: np.ndarray, folds: np.ndarray) -> float:
+    """Mean over folds of the fraction decided right (as ``kfold_accuracy(...).mean``)."""
     return float(np.mean([right[folds == fold].mean() for fold in np.unique(folds)]))
+
+
+def _kfold_mean(scores: np.ndarray, same: np.ndarray, folds: np.ndarray) -> float:
+    """Mean over folds of the carried-threshold accuracy."""
+    return _fold_mean(_correct_by_carried_threshold(scores, same, folds), folds)
 
 
 def compare_kfold_accuracy(
@@ -139,13 +143,11 @@ def compare_kfold_accuracy(
     def accuracy(rows, index):
         return float(np.mean([_kfold_mean(r[index], same[index], fold[index]) for r in rows]))
 
-    every = np.arange(n)
-    only_a = only_b = 0
-    for row_a, row_b in zip(a, b, strict=True):
-        right_a = _correct_by_carried_threshold(row_a, same, fold)
-        right_b = _correct_by_carried_threshold(row_b, same, fold)
-        only_a += int(np.count_nonzero(right_a & ~right_b))
-        only_b += int(np.count_nonzero(~right_a & right_b))
+    # every pair decided once per row: McNemar's counts and the accuracies both come from it
+    right_a = [_correct_by_carried_threshold(row, same, fold) for row in a]
+    right_b = [_correct_by_carried_threshold(row, same, fold) for row in b]
+    only_a = sum(int(np.count_nonzero(ra & ~rb)) for ra, rb in zip(right_a, right_b, strict=True))
+    only_b = sum(int(np.count_nonzero(~ra & rb)) for ra, rb in zip(right_a, right_b, strict=True))
     strata = [
         np.flatnonzero((fold == f) & (same == g)) for f in np.unique(fold) for g in (True, False)
     ]
@@ -156,7 +158,8 @@ def compare_kfold_accuracy(
         index = np.concatenate([rng.choice(s, size=s.size, replace=True) for s in strata])
         differences[i] = accuracy(a, index) - accuracy(b, index)
     tail = (1.0 - confidence) / 2.0
-    accuracy_a, accuracy_b = accuracy(a, every), accuracy(b, every)
+    accuracy_a = float(np.mean([_fold_mean(r, fold) for r in right_a]))
+    accuracy_b = float(np.mean([_fold_mean(r, fold) for r in right_b]))
     return PairedAccuracyComparison(
         accuracy_a=accuracy_a,
         accuracy_b=accuracy_b,

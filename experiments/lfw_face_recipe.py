@@ -124,6 +124,11 @@ class RecipeConfig:
     # the grid reduced to 20 numbers by its own basis; lbp_components, lbp_regularization and
     # lbp_ternary_threshold as above), evaluated and exported as one ONNX taking the 96×96 crop
     ltp_in_graph: bool = False
+    # with ltp_in_graph: also train the network on the cosine fused with the descriptor
+    # (partialfc.tools.complementary, this weight; 0 = off), the descriptor of each training
+    # image fitted without its person (complementary_groups groups of people, one left out)
+    complementary_weight: float = 0.0
+    complementary_groups: int = 4
     max_train_images: int = 0  # keep only the first N training images (0 = all; tests)
     export: bool = False  # export the trained backbone (ONNX + safetensors + spec)
 
@@ -170,6 +175,16 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
         raise ValueError(
             f"{source}: recipe.ltp_in_graph computes ternary codes: it needs "
             f"recipe.lbp_ternary_threshold > 0, got {recipe.lbp_ternary_threshold}"
+        )
+    if recipe.complementary_weight and not (recipe.ltp_in_graph and lbp_weight > 0):
+        raise ValueError(
+            f"{source}: recipe.complementary_weight trains against the in-graph descriptor: "
+            "it needs recipe.ltp_in_graph and recipe.lbp_weight > 0"
+        )
+    if not np.isfinite(recipe.complementary_weight) or recipe.complementary_weight < 0:
+        raise ValueError(
+            f"{source}: recipe.complementary_weight must be finite and >= 0, "
+            f"got {recipe.complementary_weight}"
         )
     return recipe
 
@@ -736,26 +751,53 @@ def normalised_faces(images: np.ndarray):
     return torch.from_numpy((np.asarray(images, np.float32) / 255.0 - 0.5) / 0.5).unsqueeze(1)
 
 
-def fit_ltp_fused(backbone, split: LfwSplit, recipe: RecipeConfig):
-    """:class:`partialfc.models.ltp_fused.LtpFusedEmbedding` of ``backbone`` (already whitened
-    when the recipe whitens) and :class:`partialfc.models.ltp_layer.LtpHistograms` of the
-    96×96 crops, the descriptor fitted on the split's training images with the recipe's
-    ``lbp_*`` settings."""
-    import copy
-
+def ltp_fused(backbone, recipe: RecipeConfig):
+    """An unfitted :class:`partialfc.models.ltp_fused.LtpFusedEmbedding` of ``backbone`` and
+    :class:`partialfc.models.ltp_layer.LtpHistograms` of the 96×96 crops, with the recipe's
+    ``lbp_*`` settings and flip test."""
     from partialfc.models.ltp_fused import LtpFusedEmbedding
     from partialfc.models.ltp_layer import LtpHistograms
 
     histograms = LtpHistograms(
         GREY_SIZE, (GREY_SIZE, GREY_SIZE // 2), threshold_grey=recipe.lbp_ternary_threshold
     )
-    network = copy.deepcopy(backbone).cpu().float().eval()
-    fused = LtpFusedEmbedding(
-        network, histograms, recipe.lbp_components, recipe.lbp_weight, recipe.flip_test
+    return LtpFusedEmbedding(
+        backbone, histograms, recipe.lbp_components, recipe.lbp_weight, recipe.flip_test
     ).eval()
+
+
+def fit_ltp_fused(backbone, split: LfwSplit, recipe: RecipeConfig):
+    """:func:`ltp_fused` of ``backbone`` (already whitened when the recipe whitens), the
+    descriptor fitted on the split's training images."""
+    import copy
+
+    fused = ltp_fused(copy.deepcopy(backbone).cpu().float().eval(), recipe)
     return fused.fit_texture(
         normalised_faces(split.train_images), split.train_labels, recipe.lbp_regularization
     )
+
+
+def out_of_fold_descriptors(split: LfwSplit, recipe: RecipeConfig, seed: int = 0) -> np.ndarray:
+    """``(N, lbp_components)``: the in-graph descriptor (:meth:`LtpFusedEmbedding.texture`) of
+    every training image, fitted as :func:`fit_ltp_fused` fits it but without the image's
+    person (:func:`partialfc.tools.complementary.out_of_fold_embeddings`,
+    ``recipe.complementary_groups`` groups of people dealt with ``seed``)."""
+    import torch
+
+    from partialfc.models.iresnet import iresnet_tiny
+    from partialfc.tools.complementary import out_of_fold_embeddings
+
+    faces = normalised_faces(split.train_images)
+    labels = split.train_labels
+
+    def fit_and_embed(train_rows, embed_rows):
+        descriptor = ltp_fused(iresnet_tiny(input_size=64, in_channels=1), recipe)
+        descriptor.fit_texture(faces[train_rows], labels[train_rows], recipe.lbp_regularization)
+        with torch.no_grad():
+            rows = torch.from_numpy(embed_rows)
+            return torch.cat([descriptor.texture(faces[r]) for r in rows.split(256)]).numpy()
+
+    return out_of_fold_embeddings(fit_and_embed, labels, recipe.complementary_groups, seed)
 
 
 def evaluate_ltp_fused(fused, split: LfwSplit, recipe: RecipeConfig) -> dict:
@@ -844,6 +886,18 @@ def build_trainer(
     extra_losses = []
     if distillation is not None:
         extra_losses.append(distillation.term(images, split.num_classes, split.train_images))
+    if recipe.complementary_weight > 0:
+        from partialfc.tools.complementary import ComplementaryMarginTerm
+
+        extra_losses.append(
+            ComplementaryMarginTerm(
+                out_of_fold_descriptors(split, recipe, cfg.train.seed),
+                split.train_labels,
+                split.num_classes,
+                recipe.lbp_weight,
+                recipe.complementary_weight,
+            )
+        )
     return Trainer(cfg, train_set=train_set, run_dir=run_dir, extra_losses=extra_losses)
 
 

@@ -630,6 +630,58 @@ def test_in_graph_fused_run_exports_one_onnx_of_network_and_descriptor(shared_da
     np.testing.assert_allclose(np.linalg.norm(one[:, 256:], axis=1), np.sqrt(3), rtol=1e-5)
 
 
+def test_complementary_training_uses_descriptors_fitted_without_each_person(shared_data, tmp_path):
+    from partialfc.models.iresnet import iresnet_tiny
+
+    overrides = ("recipe.lbp_components=4", "recipe.complementary_groups=2", "train.epochs=1")
+    recipe, cfg = _val_recipe(
+        shared_data,
+        *TINY_RUN,
+        "recipe.pair_sources=[grey]",
+        "recipe.lbp_weight=3",
+        "recipe.ltp_in_graph=true",
+        "recipe.lbp_ternary_threshold=8",
+        "recipe.complementary_weight=2",
+        *overrides,
+        f"run.output_dir={tmp_path}",
+    )
+    split = recipe_mod.build_split(recipe)
+    descriptors = recipe_mod.out_of_fold_descriptors(split, recipe, seed=0)
+    # the group of the first image's person, fitted again on everybody else's images only
+    order = np.random.default_rng(0).permutation(np.unique(split.train_labels))
+    group = {p: i % 2 for i, p in enumerate(order.tolist())}
+    own = np.array([group[p] == group[split.train_labels[0]] for p in split.train_labels])
+    faces = recipe_mod.normalised_faces(split.train_images)
+    refit = recipe_mod.ltp_fused(iresnet_tiny(input_size=64, in_channels=1), recipe)
+    refit.fit_texture(faces[~own], split.train_labels[~own], recipe.lbp_regularization)
+    with torch.no_grad():
+        expected = refit.texture(faces[own]).numpy()
+    np.testing.assert_allclose(descriptors[own], expected, rtol=1e-4, atol=1e-4)
+    everyone = recipe_mod.ltp_fused(iresnet_tiny(input_size=64, in_channels=1), recipe)
+    everyone.fit_texture(faces, split.train_labels, recipe.lbp_regularization)
+    with torch.no_grad():
+        assert not np.allclose(descriptors[own], everyone.texture(faces[own]).numpy(), atol=1e-2)
+    trainer = recipe_mod.build_trainer(recipe, cfg, split, run_dir=tmp_path / "run")
+    (term,) = trainer.extra_losses
+    assert (term.name, term.weight, term.descriptor_weight) == ("complementary", 2.0, 3.0)
+    trainer.fit()
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert any("complementary" in r.get("terms", {}) for r in logged if r.get("kind") == "train")
+
+
+def test_complementary_training_needs_the_in_graph_descriptor(shared_data):
+    with pytest.raises(ValueError, match="complementary_weight trains against the in-graph"):
+        _val_recipe(shared_data, "recipe.complementary_weight=1")
+    with pytest.raises(ValueError, match="complementary_weight must be finite and >= 0"):
+        _val_recipe(
+            shared_data,
+            "recipe.lbp_weight=3",
+            "recipe.ltp_in_graph=true",
+            "recipe.lbp_ternary_threshold=8",
+            "recipe.complementary_weight=-1",
+        )
+
+
 @pytest.mark.parametrize(
     ("flip_test", "name"), [(True, "iresnet_tiny_ltp"), (False, "iresnet_tiny_ltp_noflip")]
 )

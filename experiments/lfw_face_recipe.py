@@ -186,6 +186,11 @@ def _recipe_from_dict(data: dict, source: str) -> RecipeConfig:
             f"{source}: recipe.complementary_weight must be finite and >= 0, "
             f"got {recipe.complementary_weight}"
         )
+    if recipe.complementary_groups < 2:
+        raise ValueError(
+            f"{source}: recipe.complementary_groups must be >= 2 (one group is left out of each "
+            f"fit), got {recipe.complementary_groups}"
+        )
     return recipe
 
 
@@ -873,7 +878,10 @@ def build_trainer(
     turned into the engine's ``head.margin.warmup_steps`` / ``ramp_steps``. With
     ``distillation``, the student also learns the teachers' pairwise cosines and averaged
     class probabilities on the same training images
-    (:class:`partialfc.tools.distillation.EnsembleDistillationTerm`).
+    (:class:`partialfc.tools.distillation.EnsembleDistillationTerm`). With
+    ``recipe.complementary_weight``, the network also learns the margin loss of its cosine fused
+    with the out-of-fold in-graph descriptor (:func:`out_of_fold_descriptors`,
+    :class:`partialfc.tools.complementary.ComplementaryMarginTerm`).
     """
     from partialfc.data.datasets import ArrayDataset
     from partialfc.train.engine import Trainer, steps_per_epoch

@@ -680,6 +680,8 @@ def test_complementary_training_needs_the_in_graph_descriptor(shared_data):
             "recipe.lbp_ternary_threshold=8",
             "recipe.complementary_weight=-1",
         )
+    with pytest.raises(ValueError, match="complementary_groups must be >= 2"):
+        _val_recipe(shared_data, "recipe.complementary_groups=1")
 
 
 @pytest.mark.parametrize(

@@ -117,6 +117,7 @@ class ComplementaryMarginTerm:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         self.units, self.labels = units, labels
         self.class_sums = torch.zeros(num_classes, units.shape[1]).index_add_(0, labels, units)
+        self.class_units = F.normalize(self.class_sums, dim=1)  # D̂_c, fixed: computed once
         self.descriptor_weight = float(descriptor_weight)
         self.weight = float(weight)
 
@@ -126,7 +127,7 @@ class ComplementaryMarginTerm:
         indices = indices.cpu().long()
         units, labels = self.units[indices], self.labels[indices]
         own_sum = self.class_sums[labels] - units
-        cos = units @ F.normalize(self.class_sums, dim=1).T
+        cos = units @ self.class_units.T
         own = (units * own_sum).sum(1) / own_sum.norm(dim=1).clamp_min(1e-12)
         return cos.scatter(1, labels.unsqueeze(1), own.unsqueeze(1))
 

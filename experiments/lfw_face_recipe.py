@@ -792,8 +792,14 @@ def out_of_fold_descriptors(split: LfwSplit, recipe: RecipeConfig, seed: int = 0
     from partialfc.models.iresnet import iresnet_tiny
     from partialfc.tools.complementary import out_of_fold_embeddings
 
-    faces = normalised_faces(split.train_images)
     labels = split.train_labels
+    people = len(np.unique(labels))
+    if recipe.complementary_groups > people:
+        raise ValueError(
+            f"recipe.complementary_groups ({recipe.complementary_groups}) exceeds the "
+            f"{people} training people: each group needs one"
+        )
+    faces = normalised_faces(split.train_images)
 
     def fit_and_embed(train_rows, embed_rows):
         descriptor = ltp_fused(iresnet_tiny(input_size=64, in_channels=1), recipe)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -661,6 +662,9 @@ def test_complementary_training_uses_descriptors_fitted_without_each_person(shar
     everyone.fit_texture(faces, split.train_labels, recipe.lbp_regularization)
     with torch.no_grad():
         assert not np.allclose(descriptors[own], everyone.texture(faces[own]).numpy(), atol=1e-2)
+    too_many = replace(recipe, complementary_groups=split.num_classes + 1)
+    with pytest.raises(ValueError, match=r"complementary_groups \(\d+\) exceeds the \d+ training"):
+        recipe_mod.out_of_fold_descriptors(split, too_many)
     trainer = recipe_mod.build_trainer(recipe, cfg, split, run_dir=tmp_path / "run")
     (term,) = trainer.extra_losses
     assert (term.name, term.weight, term.descriptor_weight) == ("complementary", 2.0, 3.0)

@@ -793,11 +793,10 @@ def out_of_fold_descriptors(split: LfwSplit, recipe: RecipeConfig, seed: int = 0
     from partialfc.tools.complementary import out_of_fold_embeddings
 
     labels = split.train_labels
-    people = len(np.unique(labels))
-    if recipe.complementary_groups > people:
+    if recipe.complementary_groups > split.num_classes:
         raise ValueError(
             f"recipe.complementary_groups ({recipe.complementary_groups}) exceeds the "
-            f"{people} training people: each group needs one"
+            f"{split.num_classes} training people: each group needs one"
         )
     faces = normalised_faces(split.train_images)
 

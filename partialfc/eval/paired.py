@@ -128,6 +128,11 @@ def compare_kfold_accuracy(
     from ``numpy.random.default_rng(seed)`` (default 0); ``confidence`` (default 0.95)."""
     a = _rows(scores_a, "scores_a")
     b = _rows(scores_b, "scores_b", a.shape[1])
+    if b.shape[0] != a.shape[0]:
+        raise ValueError(
+            f"scores_b has {b.shape[0]} repeats, expected {a.shape[0]} as scores_a "
+            "(row r of each is the same repeat)"
+        )
     n = a.shape[1]
     same = as_bool(is_genuine, "is_genuine", n)
     fold = np.asarray(folds).reshape(-1)

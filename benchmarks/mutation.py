@@ -56,6 +56,8 @@ MODULES = {
     "eval/tar_at_far": "partialfc/eval/tar_at_far.py",
     "eval/identification": "partialfc/eval/identification.py",
     "data/recordio": "partialfc/data/recordio.py",
+    "eval/accuracy": "partialfc/eval/accuracy.py",
+    "eval/paired": "partialfc/eval/paired.py",
 }
 DEFAULT_ROUND = [
     "losses/margins",

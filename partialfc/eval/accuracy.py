@@ -47,8 +47,9 @@ def accuracy_at_threshold(scores, is_genuine, threshold: float) -> AccuracyAtThr
 def best_threshold(scores, is_genuine) -> float:
     """Threshold maximising accuracy on these pairs (exact, O(n log n)).
 
-    Candidates are the midpoints between consecutive distinct scores plus one threshold
-    above and one below all scores; among equally accurate candidates the middle one is taken.
+    Candidates are the midpoints between consecutive distinct scores, the lowest score − 1
+    and the highest + 1 (accept all, reject all); among equally accurate candidates the middle
+    one is taken (of an even number, the upper of the two middle ones).
     """
     s = as_scores(scores, "scores")
     g = as_bool(is_genuine, "is_genuine", s.size)

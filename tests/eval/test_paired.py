@@ -147,3 +147,154 @@ def test_bad_input_names_the_argument(change, message):
     args.update(change)
     with pytest.raises(ValueError, match=message):
         compare_kfold_accuracy(**args)
+
+
+def test_a_score_at_the_carried_threshold_is_accepted():
+    # fold 1 (impostor 0.25, genuine 0.75) hands fold 0 the threshold 0.5, at which fold 0's
+    # genuine sits exactly: accepted (score >= t), as kfold_accuracy decides; fold 0 hands fold 1
+    # 0.25, which accepts fold 1's impostor
+    scores = [0.5, 0.0, 0.25, 0.75]
+    same = [True, False, False, True]
+    folds = [0, 0, 1, 1]
+    assert correct_at_carried_threshold(scores, same, folds).tolist() == [True, True, False, True]
+    expected = kfold_accuracy(scores, same, folds=folds)
+    assert expected.fold_threshold == [0.5, 0.25]
+    assert [a.rate for a in expected.fold_accuracy] == [1.0, 0.5]
+
+
+def _unequal_folds(seed):
+    """Three folds of 100, 60 and 40 genuine + impostor pairs, and two noisy scorings."""
+    rng = np.random.default_rng(seed)
+    sizes = (100, 60, 40)
+    same = np.concatenate([np.repeat([True, False], k // 2) for k in sizes])
+    fold = np.repeat(np.arange(3), sizes)
+    signal = np.where(same, 1.0, -1.0)
+    a = signal + rng.standard_normal(signal.size)
+    b = signal + 1.3 * rng.standard_normal(signal.size)
+    return a, b, same, fold
+
+
+def test_unequal_folds_are_averaged_fold_by_fold():
+    a, b, same, fold = _unequal_folds(11)
+    result = compare_kfold_accuracy(a, b, same, fold, resamples=5)
+    # the mean of the three folds' rates, not the rate over all pairs
+    for accuracy, scores in ((result.accuracy_a, a), (result.accuracy_b, b)):
+        expected = kfold_accuracy(scores, same, folds=fold)
+        assert accuracy == pytest.approx(expected.mean, abs=1e-15)
+        right = correct_at_carried_threshold(scores, same, fold)
+        assert abs(expected.mean - right.mean()) > 1e-3  # the two differ on these folds
+    assert result.n_pairs == 200 and result.n_repeats == 1
+
+
+def test_interval_is_the_stratified_bootstrap_recomputed_by_hand():
+    # every resample draws, with numpy.random.default_rng(seed), each (fold, genuine then
+    # impostor) stratum in fold order with replacement at its own size; both scorings are
+    # scored on it by kfold_accuracy, and the interval is the (1 - confidence) / 2 quantiles
+    a, b, same, fold = _unequal_folds(12)
+    seed, resamples, confidence = 3, 40, 0.8
+    rng = np.random.default_rng(seed)
+    strata = [np.flatnonzero((fold == f) & (same == g)) for f in range(3) for g in (True, False)]
+    differences = []
+    for _ in range(resamples):
+        index = np.concatenate([rng.choice(s, size=s.size, replace=True) for s in strata])
+        accuracy = [kfold_accuracy(x[index], same[index], folds=fold[index]).mean for x in (a, b)]
+        differences.append(accuracy[0] - accuracy[1])
+    result = compare_kfold_accuracy(
+        a, b, same, fold, resamples=resamples, confidence=confidence, seed=seed
+    )
+    assert result.interval == pytest.approx(
+        (np.quantile(differences, 0.1), np.quantile(differences, 0.9)), abs=1e-12
+    )
+    assert (result.resamples, result.confidence) == (resamples, confidence)
+
+
+def test_defaults_are_2000_resamples_95_percent_and_seed_0():
+    rng = np.random.default_rng(13)
+    _, same, fold, draw = _pairs(rng, n_per_stratum=10)
+    a, b = draw(), draw()
+    default = compare_kfold_accuracy(a, b, same, fold)
+    explicit = compare_kfold_accuracy(a, b, same, fold, resamples=2000, confidence=0.95, seed=0)
+    assert default == explicit
+    assert (default.resamples, default.confidence, default.n_pairs) == (2000, 0.95, 40)
+
+
+def test_folds_may_come_as_a_column():
+    rng = np.random.default_rng(14)
+    _, same, fold, draw = _pairs(rng, n_per_stratum=20, folds=3)
+    a, b = draw(), draw()
+    flat = compare_kfold_accuracy(a, b, same, fold, resamples=10)
+    column = compare_kfold_accuracy(a, b, same, fold[:, None], resamples=10)
+    assert column == flat
+    assert np.array_equal(
+        correct_at_carried_threshold(a, same, fold[:, None]),
+        correct_at_carried_threshold(a, same, fold),
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"is_genuine": np.ones(5, bool)}, r"^is_genuine has 5 entries, expected 600$"),
+        ({"is_genuine": np.full(600, 2)}, "^is_genuine must be boolean"),
+        (
+            {"scores_b": np.zeros((3, 600))},
+            (
+                r"^scores_b has 3 repeats, expected 2 as scores_a "
+                r"\(row r of each is the same repeat\)$"
+            ),
+        ),
+        ({"scores_a": np.zeros((2, 0))}, r"^scores_a must be .* got shape \(2, 0\)$"),
+        ({"scores_a": np.zeros((2, 2, 150))}, r"^scores_a must be .* got shape \(2, 2, 150\)$"),
+        ({"folds": np.zeros(600, int)}, "^folds: k-fold accuracy needs two folds or more$"),
+        ({"folds": np.zeros(5, int)}, r"^folds has 5 entries, expected 600$"),
+        ({"confidence": 0.0}, r"^confidence must be in \(0, 1\), got 0.0$"),
+    ],
+)
+def test_more_bad_input_names_the_argument(change, message):
+    rng = np.random.default_rng(15)
+    _, same, fold, draw = _pairs(rng)
+    args = {"scores_a": np.stack([draw(), draw()]), "scores_b": np.stack([draw(), draw()])}
+    args.update({"is_genuine": same, "folds": fold, "resamples": 5})
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        compare_kfold_accuracy(**args)
+
+
+def test_correct_at_carried_threshold_names_bad_input():
+    rng = np.random.default_rng(16)
+    _, same, fold, draw = _pairs(rng)
+    a = draw()
+    cases = [
+        ((np.stack([a, a]), same, fold), r"^scores must be \(pairs,\), got shape \(2, 600\)$"),
+        ((np.full(600, np.inf), same, fold), "^scores contains NaN or inf$"),
+        ((a, same[:5], fold), r"^is_genuine has 5 entries, expected 600$"),
+        ((a, same, fold[:5]), r"^folds has 5 entries, expected 600$"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            correct_at_carried_threshold(*args)
+
+
+def test_mcnemar_refuses_negative_counts():
+    for b, c in ((-1, 3), (3, -1)):
+        with pytest.raises(ValueError, match=rf"^counts must be >= 0, got {b} and {c}$"):
+            mcnemar_exact_p(b, c)
+
+
+def test_comparison_prints_points_interval_counts_and_p():
+    from partialfc.eval.paired import PairedAccuracyComparison
+
+    result = PairedAccuracyComparison(
+        accuracy_a=0.8990,
+        accuracy_b=0.9092,
+        difference=-0.0102,
+        interval=(-0.0169, 0.0057),
+        confidence=0.95,
+        resamples=2000,
+        only_a_right=35,
+        only_b_right=69,
+        mcnemar_p=0.0012345,
+        n_pairs=1109,
+        n_repeats=3,
+    )
+    assert str(result) == "-1.02 points [-1.69, +0.57] (35 vs 69 pairs, McNemar p = 0.00123)"

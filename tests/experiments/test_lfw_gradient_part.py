@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from experiments import lfw_gradient_part as gp
-from experiments.lfw_face_recipe import load_recipe
-from tests.train.test_lfw_recipe import REPO, _saved_model
+from tests.experiments.test_lfw_ltp_inner_cv import _small_recipe
+from tests.train.test_lfw_recipe import _saved_model
 
 
 def test_a_horizontal_ramp_votes_by_the_cosine_power_of_each_bin():
@@ -70,17 +71,8 @@ def test_the_third_part_enters_the_score_with_its_weight(shared_data, tmp_path, 
     from experiments import lfw_face_recipe as recipe_mod
     from partialfc.eval import l2_normalize
 
-    recipe, _ = load_recipe(
-        REPO / "configs" / "lfw_dev_val_onefile.yaml",
-        [
-            f"recipe.data_root={shared_data / 'lfw_dev'}",
-            "recipe.align=false",
-            "recipe.train_colour_views=false",
-            "recipe.max_train_images=150",
-            "recipe.pair_sources=[grey]",
-            "recipe.lbp_components=20",
-        ],
-    )
+    # the inner-CV tests' small recipe (150 training crops, not aligned), grey pairs only
+    recipe = replace(_small_recipe(shared_data), pair_sources=["grey"], lbp_components=20)
     model = _saved_model(tmp_path / "m", 0, size=64)
     settings = [gp.GradientSetting(16, 16, 4.0, 20, 0.3, 2.0)]
     got = gp.run(recipe, [str(model)], settings)

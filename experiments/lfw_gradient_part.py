@@ -181,7 +181,7 @@ def run(recipe, runs: list[str], settings: list[GradientSetting]) -> dict:
         # the exported model's output: [ê_net, √w_ltp ê_ltp]
         model = [embed_array(fused, images, 128) for images in image_sets]
         row = {"run": str(path), "network_and_ltp": evaluate([(model, 1.0)])}
-        # the model's output already weighs its parts: cosines sum to 1 + w_ltp
+        # the model's output already weighs its parts (squared norm 1 + w_ltp): scaled back to it
         scale = 1.0 + recipe.lbp_weight
         row["with_gradient_part"] = [
             {"setting": asdict(s), **evaluate([(model, scale), (gradient_parts[s], s.weight)])}

@@ -16,7 +16,7 @@ to choose a setting without folds 4–5::
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +41,11 @@ class GradientSetting:
     components: int
     ridge: float
     weight: float
+
+    def __str__(self) -> str:
+        """The ``--settings`` form, ``CELL:STRIDE:POWER:COMPONENTS:RIDGE:WEIGHT``."""
+        fields = (self.cell_px, self.stride_px, self.power, self.components, self.ridge)
+        return ":".join(f"{v:g}" for v in (*fields, self.weight))
 
     @classmethod
     def parse(cls, text: str) -> GradientSetting:
@@ -115,7 +120,12 @@ def fit_gradient_part(split, setting: GradientSetting):
     from partialfc.models.lbp import LbpWccnEmbedder
 
     fitted = LbpWccnEmbedder(num_components=setting.components, regularization=setting.ridge)
-    fitted.fit_descriptors(flip_summed_histograms(split.train_images, setting), split.train_labels)
+    try:
+        fitted.fit_descriptors(
+            flip_summed_histograms(split.train_images, setting), split.train_labels
+        )
+    except ValueError as error:  # e.g. more components than the training descriptors span
+        raise ValueError(f"gradient setting {setting}: {error}") from None
     return lambda images: (
         (flip_summed_histograms(images, setting) - fitted.mean) @ fitted.projection
     )
@@ -192,7 +202,7 @@ def run(recipe, runs: list[str], settings: list[GradientSetting]) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="configs/lfw_dev_val_onefile.yaml")
     parser.add_argument(
@@ -214,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         required=True,
         metavar="C:S:P:K:R:W",
-        help="gradient parts: CELL:STRIDE:POWER:COMPONENTS:RIDGE:WEIGHT",
+        help="gradient parts, CELL:STRIDE:POWER:COMPONENTS:RIDGE:WEIGHT each "
+        "(no default; the choice of the recipe page: 12:6:4:600:0.1:1.5)",
     )
     parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args(argv)
@@ -222,15 +233,24 @@ def main(argv: list[str] | None = None) -> int:
         settings = [GradientSetting.parse(text) for text in args.settings]
     except ValueError as error:
         parser.error(str(error))
-    missing = [run for run in args.runs if not Path(run).is_dir()]
-    if missing:
-        parser.error(f"--runs: no such run folder: {', '.join(missing)}")
-    recipe, _ = recipe_mod.load_validation_recipe(args.config, args.set)
-    result = run(recipe, args.runs, settings)
-    result["command"] = "python -m experiments.lfw_gradient_part " + " ".join(argv or [])
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    from partialfc.backbone.io import newest_checkpoint
+
+    for path in args.runs:
+        if not Path(path).is_dir():
+            parser.error(f"--runs: {path} is not a run folder")
+        if newest_checkpoint(path) is None:
+            parser.error(f"--runs: {path} holds no checkpoint (model.json) to score")
+    if not Path(args.out).resolve().parent.is_dir():
+        parser.error(f"--out: the folder of {args.out} does not exist")
+    try:
+        recipe, _ = recipe_mod.load_validation_recipe(args.config, args.set)
+        result = run(recipe, args.runs, settings)
+    except ValueError as error:  # a bad config, key or setting (ConfigError is one)
+        parser.error(str(error))
+    result["command"] = "python -m experiments.lfw_gradient_part " + " ".join(argv)
+    recipe_mod._atomic_write_json(Path(args.out), result)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(__import__("sys").argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

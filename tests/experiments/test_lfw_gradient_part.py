@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -60,9 +61,9 @@ def test_a_mirrored_face_reflects_the_cells_and_the_orientations():
 def test_bad_settings_are_refused_by_name(text, message):
     with pytest.raises(ValueError, match=message):
         gp.GradientSetting.parse(text)
-    assert gp.GradientSetting.parse("12:6:4:600:0.1:1.5") == gp.GradientSetting(
-        12, 6, 4.0, 600, 0.1, 1.5
-    )
+    setting = gp.GradientSetting.parse("12:6:4:600:0.1:1.5")
+    assert setting == gp.GradientSetting(12, 6, 4.0, 600, 0.1, 1.5)
+    assert str(setting) == "12:6:4:600:0.1:1.5"
 
 
 def test_the_third_part_enters_the_score_with_its_weight(shared_data, tmp_path, monkeypatch):
@@ -105,11 +106,43 @@ def test_the_third_part_enters_the_score_with_its_weight(shared_data, tmp_path, 
     )
 
 
-def test_flags_refuse_bad_use(tmp_path, capsys):
-    base = ["--config", "configs/lfw_dev_val_onefile.yaml", "--out", str(tmp_path / "o.json")]
+def test_a_setting_the_training_images_cannot_fill_is_named():
+    split = SimpleNamespace(
+        train_images=np.random.default_rng(0).integers(0, 256, (6, 96, 96), dtype=np.uint8),
+        train_labels=np.repeat(np.arange(3), 2),
+    )
+    with pytest.raises(
+        ValueError, match=r"gradient setting 12:6:4:50:0.1:1: num_components \(50\)"
+    ):
+        gp.fit_gradient_part(split, gp.GradientSetting(12, 6, 4.0, 50, 0.1, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("short setting", "CELL:STRIDE:POWER:COMPONENTS:RIDGE:WEIGHT"),
+        ("absent run", "is not a run folder"),
+        ("empty run", "holds no checkpoint"),
+        ("absent out folder", "the folder of"),
+        ("side-file preset", "recipe.ltp_in_graph: true"),
+    ],
+)
+def test_flags_refuse_bad_use(case, message, tmp_path, capsys):
+    run = _saved_model(tmp_path / "m", 0, size=64)
+    args = {
+        "--config": "configs/lfw_dev_val_onefile.yaml",
+        "--out": str(tmp_path / "o.json"),
+        "--runs": str(run),
+        "--settings": "12:6:4:600:0.1:1",
+    }
+    args |= {
+        "short setting": {"--settings": "12:6:4"},
+        "absent run": {"--runs": str(tmp_path / "absent")},
+        "empty run": {"--runs": str(tmp_path)},
+        "absent out folder": {"--out": str(tmp_path / "absent" / "o.json")},
+        "side-file preset": {"--config": "configs/lfw_dev_val_fused.yaml"},
+    }[case]
     with pytest.raises(SystemExit):
-        gp.main([*base, "--runs", str(tmp_path), "--settings", "12:6:4"])
-    assert "CELL:STRIDE:POWER:COMPONENTS:RIDGE:WEIGHT" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        gp.main([*base, "--runs", str(tmp_path / "absent"), "--settings", "12:6:4:600:0.1:1"])
-    assert "no such run folder" in capsys.readouterr().err
+        gp.main([item for pair in args.items() for item in pair])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()  # nothing written

@@ -66,7 +66,7 @@ def test_bad_settings_are_refused_by_name(text, message):
     assert str(setting) == "12:6:4:600:0.1:1.5"
 
 
-def test_the_third_part_enters_the_score_with_its_weight(shared_data, tmp_path, monkeypatch):
+def test_the_third_part_enters_the_score_with_its_weight(shared_data, tmp_path):
     from sklearn.metrics import roc_auc_score
 
     from experiments import lfw_face_recipe as recipe_mod
